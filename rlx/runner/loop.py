@@ -1,0 +1,262 @@
+"""The host side of training: compile once, run jitted chunks, log, evaluate, stop on NaN.
+
+``run_training`` is everything between a validated configuration and the files
+in the run directory. All seeds train in one compiled program (``vmap`` over
+PRNG keys); the host only sees the state every ``chunk_updates`` updates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlx.errors import ConfigError
+from rlx.runner import artifacts
+from rlx.runner.console import ProgressView
+from rlx.runner.evaluation import evaluate
+
+
+class NonFiniteError(RuntimeError):
+    """A loss or metric became NaN or infinite; the run stopped before saving it."""
+
+    def __init__(self, update: int, metric: str, run_dir: Path):
+        super().__init__(
+            f"non-finite {metric} at update {update}; stopped. Files up to the last finite chunk are in {run_dir}"
+        )
+        self.update = update
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+    """The ``run:`` section of the config: how to execute, not what to learn."""
+
+    num_seeds: int = 4
+    seed: int = 0
+    chunk_updates: int | None = None
+    eval_every_chunks: int = 1
+    eval_episodes: int = 16
+    eval_greedy: bool = True
+    stop_at_return: float | None = None
+    progress: bool = True
+    compile_cache: str | None = None
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "RunSettings":
+        valid = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - valid)
+        if unknown:
+            raise ConfigError(f"run.{unknown[0]}: unknown field; valid: {', '.join(sorted(valid))}")
+        settings = cls(**values)
+        rules = [
+            ("num_seeds", settings.num_seeds >= 1, "must be >= 1"),
+            ("chunk_updates", settings.chunk_updates is None or settings.chunk_updates >= 1, "must be >= 1 or null"),
+            ("eval_every_chunks", settings.eval_every_chunks >= 1, "must be >= 1"),
+            ("eval_episodes", settings.eval_episodes >= 1, "must be >= 1"),
+        ]
+        for field, ok, rule in rules:
+            if not ok:
+                raise ConfigError(f"run.{field}={getattr(settings, field)!r}: {rule}")
+        return settings
+
+
+def build_agent_config(agent_module, values: dict):
+    """The agent's ``Config`` from the ``algo:`` section, checked before anything is traced."""
+    fields = {f.name: f for f in dataclasses.fields(agent_module.Config)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ConfigError(f"algo.{unknown[0]}: unknown field; valid: {', '.join(sorted(fields))}")
+    defaults = agent_module.Config()
+    converted = {}
+    for name, value in values.items():
+        default = getattr(defaults, name)
+        try:
+            if isinstance(default, bool):
+                if not isinstance(value, bool):
+                    raise TypeError
+            elif isinstance(default, int):
+                if isinstance(value, float) and not value.is_integer():
+                    raise TypeError
+                value = int(value)
+            elif isinstance(default, float):
+                value = float(value)
+            elif isinstance(default, tuple):
+                value = tuple(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"algo.{name}={value!r}: must be a {type(default).__name__}") from None
+        converted[name] = value
+    config = dataclasses.replace(defaults, **converted)
+    try:
+        agent_module.validate(config)
+    except ValueError as error:
+        raise ConfigError(f"algo.{error}") from None
+    return config
+
+
+class Programs:
+    """The compiled programs of one run: init, a chunk of updates, evaluation.
+
+    The agent config is an argument, not a constant, so its numeric fields stay
+    traced: a changed learning rate reuses the compiled (and cached) programs.
+    """
+
+    def __init__(self, agent_module, config, env, env_params, settings: RunSettings, chunk_updates: int):
+        self.agent_module, self.config, self.env, self.env_params = agent_module, config, env, env_params
+        self.settings = settings
+        self.compile_seconds = 0.0
+        self.chunk_updates = chunk_updates
+        self._chunk = None
+
+        def init(config, keys):
+            return jax.vmap(self._agent(config).init)(keys)
+
+        def run_evaluation(config, policy, keys):
+            act = self._agent(config).act
+            return jax.vmap(
+                lambda p, k: evaluate(act, env, env_params, p, k, settings.eval_episodes, settings.eval_greedy)
+            )(policy, keys)
+
+        keys = jax.ShapeDtypeStruct((settings.num_seeds, 2), jnp.uint32)
+        self.init = self._compile(init, config, keys)
+        self.state_shape = jax.eval_shape(init, config, keys)
+        self.evaluate = self._compile(run_evaluation, config, self.state_shape.policy, keys)
+
+    def _agent(self, config):
+        return self.agent_module.make(config, self.env, self.env_params)
+
+    def _compile(self, fn, *args):
+        start = time.perf_counter()
+        compiled = jax.jit(fn).lower(*args).compile()
+        self.compile_seconds += time.perf_counter() - start
+        return compiled
+
+    def compile_chunk(self):
+        """Run ``num_updates`` (<= ``chunk_updates``) updates for every seed.
+
+        Compiled on first use. One program serves every chunk length: it scans ``chunk_updates``
+        steps and skips (``lax.cond``) those past ``num_updates``, so a last,
+        shorter chunk costs no second compilation. Returns the new state and
+        metrics with leading axes ``[num_updates, seed]``.
+        """
+        if self._chunk is None:
+
+            def run_chunk(config, state, num_updates):
+                update = jax.vmap(self._agent(config).update)
+                _, metric_shapes = jax.eval_shape(update, state)
+                skipped = jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), metric_shapes)
+
+                def step(state, index):
+                    return jax.lax.cond(index < num_updates, update, lambda s: (s, skipped), state)
+
+                return jax.lax.scan(step, state, jnp.arange(self.chunk_updates))
+
+            count = jax.ShapeDtypeStruct((), jnp.int32)
+            self._chunk = self._compile(run_chunk, self.config, self.state_shape, count)
+        return self._chunk
+
+    def chunk(self, state, num_updates: int):
+        state, metrics = self.compile_chunk()(self.config, state, jnp.int32(num_updates))
+        return state, jax.tree.map(lambda m: m[:num_updates], jax.device_get(metrics))
+
+
+def first_non_finite(metrics: dict) -> tuple[int, str] | None:
+    """(index along the update axis, metric name) of the first NaN/inf, or None."""
+    first = None
+    for name, values in metrics.items():
+        bad = ~np.isfinite(values.reshape(values.shape[0], -1)).all(axis=1)
+        if bad.any():
+            index = int(np.argmax(bad))
+            if first is None or index < first[0]:
+                first = (index, name)
+    return first
+
+
+def chunk_record(chunk, update, env_steps, metrics, start_time) -> dict:
+    """One metrics.jsonl line: per-seed values (mean over the chunk's updates) of every metric."""
+    now = time.time()
+    record = {"chunk": chunk, "update": update, "env_steps": env_steps, "time": now,
+              "elapsed_seconds": now - start_time}
+    for name, values in metrics.items():
+        per_seed = values.mean(axis=0) if name != "train_return" else values[-1]
+        record[name] = [float(v) for v in np.ravel(per_seed)]
+    return record
+
+
+def run_training(agent_module, config, env, env_params, settings: RunSettings, run_dir: Path, title: str) -> dict:
+    """Train every seed, writing metrics.jsonl as it goes; returns the summary's training part."""
+    steps_per_update = config.num_envs * config.num_steps
+    num_updates = config.num_updates
+    chunk_updates = min(settings.chunk_updates or math.ceil(num_updates / 20), num_updates)
+    num_chunks = math.ceil(num_updates / chunk_updates)
+
+    view = ProgressView(title, num_updates * steps_per_update * settings.num_seeds, settings.progress)
+    writer = artifacts.MetricsWriter(run_dir / "metrics.jsonl")
+    records: list[dict] = []
+    status, final_eval = "completed", None
+    try:
+        programs = Programs(agent_module, config, env, env_params, settings, chunk_updates)
+        root_key = jax.random.PRNGKey(settings.seed)
+        train_key, eval_root = jax.random.split(root_key)
+        state = programs.init(config, jax.random.split(train_key, settings.num_seeds))
+        programs.compile_chunk()  # before the clock starts
+        run_start, run_seconds, updates_done = time.time(), 0.0, 0
+        for chunk in range(num_chunks):
+            n = min(chunk_updates, num_updates - updates_done)
+            tick = time.perf_counter()
+            new_state, metrics = programs.chunk(state, n)
+            run_seconds += time.perf_counter() - tick
+            bad = first_non_finite(metrics)
+            if bad is not None:
+                status = "diverged"
+                raise NonFiniteError(updates_done + bad[0] + 1, bad[1], run_dir)
+            state, updates_done = new_state, updates_done + n
+            env_steps = updates_done * steps_per_update
+            record = chunk_record(chunk, updates_done, env_steps, metrics, run_start)
+            if (chunk + 1) % settings.eval_every_chunks == 0 or chunk == num_chunks - 1:
+                tick = time.perf_counter()
+                eval_keys = jax.random.split(jax.random.fold_in(eval_root, updates_done), settings.num_seeds)
+                returns = jax.device_get(programs.evaluate(config, state.policy, eval_keys))
+                run_seconds += time.perf_counter() - tick
+                final_eval = returns
+                record["eval_return"] = [float(r) for r in returns.mean(axis=1)]
+                record["time"] = time.time()
+            record["steps_per_second"] = env_steps * settings.num_seeds / max(run_seconds, 1e-9)
+            writer.write(record)
+            records.append(record)
+            label, shown = ("eval", record["eval_return"]) if "eval_return" in record else ("train", record["train_return"])
+            view.update(env_steps * settings.num_seeds, record["steps_per_second"], label, shown)
+            if (settings.stop_at_return is not None and "eval_return" in record
+                    and np.mean(record["eval_return"]) >= settings.stop_at_return):
+                status = "reached_stop_at_return"
+                break
+    finally:
+        view.close()
+        writer.close()
+        if records:
+            artifacts.plot_learning_curve(records, run_dir / "learning_curve.png", title)
+
+    per_seed = final_eval.mean(axis=1)
+    return {
+        "status": status,
+        "final_eval": {
+            "return_per_seed": [float(r) for r in per_seed],
+            "return_mean": float(per_seed.mean()),
+            "return_std": float(per_seed.std()),
+            "episodes_per_seed": settings.eval_episodes,
+            "greedy": settings.eval_greedy,
+        },
+        "updates": updates_done,
+        "env_steps_per_seed": updates_done * steps_per_update,
+        "env_steps_total": updates_done * steps_per_update * settings.num_seeds,
+        "chunks": len(records),
+        "chunk_updates": chunk_updates,
+        "compile_seconds": programs.compile_seconds,
+        "run_seconds": run_seconds,
+        "steps_per_second": updates_done * steps_per_update * settings.num_seeds / max(run_seconds, 1e-9),
+        "state": state,
+    }
