@@ -282,10 +282,10 @@ class TrainState(struct.PyTreeNode):
 
 
 class Agent(NamedTuple):
-    init: Callable
-    update: Callable
-    act: Callable
-    network: ActorCritic
+    init: Callable  # key -> TrainState
+    update: Callable  # TrainState -> (TrainState, metrics)
+    act: Callable  # (Policy, obs, key, greedy) -> action
+    value: Callable  # (Policy, obs) -> state value
 
 
 def action_spec(env, env_params):
@@ -336,6 +336,10 @@ def make(config: Config, env, env_params) -> Agent:
         dist = apply(policy.params, prepare_obs(policy.obs_stats, obs), method=ActorCritic.policy)
         action = dist.mode() if greedy else dist.sample(seed=key)
         return to_env_action(action)
+
+    def value(policy: Policy, obs):
+        """The critic's estimate for an observation (or a batch)."""
+        return apply(policy.params, prepare_obs(policy.obs_stats, obs), method=ActorCritic.value)
 
     def init(key) -> TrainState:
         net_key, env_key, key = jax.random.split(key, 3)
@@ -419,7 +423,7 @@ def make(config: Config, env, env_params) -> Agent:
             (loss, terms), grads = grad_fn(params, minibatch)
             updates, opt_state = optimizer.update(grads, opt_state, params)
             params = optax.apply_updates(params, updates)
-            return (params, opt_state), {"loss": loss, "grad_norm": optax.global_norm(grads), **terms}
+            return (params, opt_state), {"loss": loss, "grad_norm": optax.tree.norm(grads), **terms}
 
         (params, opt_state), metrics = jax.lax.scan(learn_minibatch, (params, opt_state), minibatches)
         return (params, opt_state, batch, key), metrics
@@ -448,7 +452,7 @@ def make(config: Config, env, env_params) -> Agent:
         metrics["learning_rate"] = learning_rate(state.update_step * updates_per_iteration - 1)
         return state, metrics
 
-    return Agent(init, update, act, network)
+    return Agent(init, update, act, value)
 
 
 def train(config: Config, env, env_params, key, num_updates: int | None = None):

@@ -22,6 +22,12 @@ ENVIRONMENTS = {
     "MountainCar-v0": ("gymnax.environments.classic_control.mountain_car", "MountainCar"),
     "Pendulum-v1": ("gymnax.environments.classic_control.pendulum", "Pendulum"),
     "MountainCarContinuous-v0": ("gymnax.environments.classic_control.continuous_mountain_car", "ContinuousMountainCar"),
+    # Probe tasks with known answers (rlx/envs/probes.py), for debugging agents.
+    "Probe-ConstantReward": ("rlx.envs.probes", "ConstantReward"),
+    "Probe-ObservationReward": ("rlx.envs.probes", "ObservationReward"),
+    "Probe-ActionReward": ("rlx.envs.probes", "ActionReward"),
+    "Probe-TwoStepCredit": ("rlx.envs.probes", "TwoStepCredit"),
+    "Probe-ContinuousTarget": ("rlx.envs.probes", "ContinuousTarget"),
 }
 
 

@@ -1,0 +1,35 @@
+# Two commands on a fresh machine: `make train` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
+
+.PHONY: train test test-all bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(DEV_STAMP): pyproject.toml $(STAMP)
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $@
+
+train: $(STAMP)  ## create .venv, install, train the default experiment
+	$(BIN)/python -m rlx.train +exp=ppo_cartpole
+
+test: $(DEV_STAMP)  ## install with dev extras and run the fast suite
+	$(BIN)/python -m pytest -m "not slow" tests
+
+test-all: $(DEV_STAMP)  ## every test, the slow ones included
+	$(BIN)/python -m pytest tests
+
+bench: $(STAMP)  ## speed comparison with rejax and Stable-Baselines3 (builds their venvs in .bench/)
+	$(BIN)/python scripts/bench_ppo.py
+
+clean:
+	rm -rf $(VENV) .bench .pytest_cache runs outputs

@@ -1,0 +1,139 @@
+"""The command line end to end: files and keys of a run, reproducibility, the compile cache, bad input."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+TINY = ["+exp=ppo_cartpole", "algo.total_timesteps=2048", "algo.num_envs=4", "algo.num_steps=64",
+        "run.num_seeds=2", "run.chunk_updates=3", "run.eval_episodes=2", "logger=none"]
+
+SUMMARY_KEYS = {
+    "experiment", "algo", "env", "num_seeds", "seed", "status", "final_eval", "updates", "env_steps_per_seed",
+    "env_steps_total", "import_seconds", "compile_seconds", "run_seconds", "total_seconds", "steps_per_second",
+    "versions", "git_commit", "config_hash", "compile_cache",
+}
+RECORD_KEYS = {"chunk", "update", "env_steps", "time", "elapsed_seconds", "steps_per_second", "train_return", "loss",
+               "policy_loss", "value_loss", "entropy", "approx_kl"}
+
+
+@pytest.fixture(scope="module")
+def two_identical_runs(tmp_path_factory):
+    """The same tiny config twice with a fresh compile cache: (summary, records) per run."""
+    cache = tmp_path_factory.mktemp("cache")
+    results = []
+    for name in ("first", "second"):
+        run_dir = tmp_path_factory.mktemp(name)
+        done = subprocess.run(
+            [sys.executable, "-m", "rlx.train", *TINY, f"hydra.run.dir={run_dir}", f"run.compile_cache={cache}"],
+            capture_output=True, text=True, timeout=300, cwd=ROOT,
+        )
+        assert done.returncode == 0, done.stderr
+        summary = json.loads((run_dir / "summary.json").read_text())
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        results.append((run_dir, summary, records))
+    return results
+
+
+def test_run_writes_every_file_with_documented_keys(two_identical_runs):
+    run_dir, summary, records = two_identical_runs[0]
+    for name in ("summary.json", "metrics.jsonl", "config.yaml", "learning_curve.png"):
+        assert (run_dir / name).stat().st_size > 0, name
+    assert SUMMARY_KEYS <= set(summary), SUMMARY_KEYS - set(summary)
+    assert summary["status"] == "completed"
+    assert summary["updates"] == 8 and summary["env_steps_per_seed"] == 2048 and summary["env_steps_total"] == 4096
+    final = summary["final_eval"]
+    assert len(final["return_per_seed"]) == 2
+    assert final["return_mean"] == pytest.approx(sum(final["return_per_seed"]) / 2)
+    assert summary["versions"]["jax"] == "0.10.2"
+    assert len(records) == 3  # chunks of 3, 3 and 2 updates
+    assert [r["update"] for r in records] == [3, 6, 8]
+    for record in records:
+        assert RECORD_KEYS <= set(record), RECORD_KEYS - set(record)
+        assert len(record["train_return"]) == 2 and len(record["eval_return"]) == 2
+    assert (run_dir / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "exp_name: ppo_cartpole" in (run_dir / "config.yaml").read_text()
+
+
+def test_same_seed_gives_identical_returns(two_identical_runs):
+    (_, first, first_records), (_, second, second_records) = two_identical_runs
+    assert first["final_eval"] == second["final_eval"]
+    assert [r["train_return"] for r in first_records] == [r["train_return"] for r in second_records]
+    assert first["config_hash"] == second["config_hash"]
+
+
+def test_second_identical_run_compiles_nothing(two_identical_runs):
+    (_, first, _), (_, second, _) = two_identical_runs
+    assert first["compile_cache"]["misses"] >= 3
+    assert second["compile_cache"]["misses"] == 0
+    assert second["compile_cache"]["hits"] == first["compile_cache"]["misses"]
+
+
+def test_different_seed_gives_different_returns(run_cli, two_identical_runs, tmp_path):
+    done = run_cli(*TINY, "run.seed=1", f"hydra.run.dir={tmp_path / 'other'}")
+    assert done.returncode == 0, done.stderr
+    other = json.loads((tmp_path / "other" / "summary.json").read_text())
+    assert [r["train_return"] for r in two_identical_runs[0][2]] != other  # sanity: parsed
+    first_curve = json.loads((two_identical_runs[0][0] / "metrics.jsonl").read_text().splitlines()[-1])
+    other_curve = json.loads((tmp_path / "other" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert first_curve["loss"] != other_curve["loss"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["+exp=ppo_nothing"], "unknown preset 'ppo_nothing'; valid: ppo_acrobot, ppo_cartpole, ppo_pendulum"),
+        (["+exp=ppo_cartpole", "env=cartpol"], "unknown env 'cartpol'; valid: acrobot, cartpole,"),
+        (["+exp=ppo_cartpole", "algo=dqn"], "unknown algo 'dqn'; valid: ppo"),
+    ],
+)
+def test_unknown_names_list_valid_choices(run_cli, args, message):
+    done = run_cli(*args)
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_unknown_environment_name_in_config(run_cli):
+    done = run_cli("+exp=ppo_cartpole", "env.name=CartPole-v9")
+    assert done.returncode == 2
+    assert "unknown env 'CartPole-v9'; valid: Acrobot-v1, CartPole-v1," in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("algo.lr=-0.1", "algo.lr=-0.1: must be > 0"),
+        ("algo.num_minibatches=3", "algo.num_minibatches=3: must divide the batch num_envs*num_steps=512"),
+        ("run.num_seeds=0", "run.num_seeds=0: must be >= 1"),
+        ("+algo.learning_rate=0.1", "algo.learning_rate: unknown field; valid:"),
+        ("+env.params.gravity_x=1", "env.params.gravity_x: unknown parameter of CartPole-v1"),
+    ],
+)
+def test_invalid_values_fail_before_compiling(run_cli, override, message, tmp_path):
+    done = run_cli("+exp=ppo_cartpole", override)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()  # stopped before training
+
+
+def test_nan_stops_with_update_number_and_keeps_files(run_cli, tmp_path):
+    # A cart of zero mass divides by zero: observations, then the loss, become NaN on the first update.
+    done = run_cli(*TINY, "+env.params.total_mass=0.0", "+env.params.masscart=0.0")
+    assert done.returncode == 1
+    assert "non-finite" in done.stderr and "at update 1;" in done.stderr
+    assert "Traceback" not in done.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "diverged" and summary["diverged_at_update"] == 1
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == ""  # no non-finite line written
+
+
+def test_help_lists_presets(run_cli):
+    done = run_cli("--help")
+    assert done.returncode == 0
+    assert "exp: ppo_acrobot, ppo_cartpole, ppo_pendulum" in done.stdout

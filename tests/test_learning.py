@@ -1,0 +1,33 @@
+"""The CartPole preset solves its task: mean greedy evaluation return >= 475 over its 4 seeds."""
+
+import json
+
+from rlx.envs import registry
+
+
+def test_ppo_cartpole_preset_reaches_475(run_cli, tmp_path):
+    done = run_cli("+exp=ppo_cartpole", "logger=none")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["num_seeds"] == 4
+    assert summary["final_eval"]["return_mean"] >= 475, summary["final_eval"]
+
+
+def test_registry_lists_valid_names_for_unknown_env():
+    try:
+        registry.make("CartPole-v0")
+    except ValueError as error:
+        assert "unknown env 'CartPole-v0'; valid: Acrobot-v1, CartPole-v1, MountainCar-v0" in str(error)
+    else:
+        raise AssertionError("no error for an unknown environment")
+
+
+def test_every_registered_environment_steps():
+    import jax
+
+    for name in registry.names():
+        env, params = registry.make(name)
+        obs, state = env.reset(jax.random.PRNGKey(0), params)
+        action = env.action_space(params).sample(jax.random.PRNGKey(1))
+        out = env.step(jax.random.PRNGKey(2), state, action, params)
+        assert len(out) == 6 and out[0].shape == obs.shape, name
