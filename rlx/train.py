@@ -54,7 +54,6 @@ def execute(cfg, run_dir: Path, hydra_seconds: float) -> dict:
     settings_values = OmegaConf.to_container(cfg.run, resolve=True)
     cache_setting = settings_values.get("compile_cache")
     cache_dir = compile_cache.default_cache_dir() if cache_setting == "default" else cache_setting
-    compile_cache.set_xla_flags()
     import jax  # noqa: F401  (timed as part of the imports)
     import logging
 

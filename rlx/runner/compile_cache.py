@@ -1,4 +1,4 @@
-"""Persistent XLA compilation cache and compile-time settings, applied before JAX starts.
+"""Persistent XLA compilation cache.
 
 A second identical run (same program, same shapes, same static config) loads
 its executables from disk instead of compiling them.
@@ -9,22 +9,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-# LLVM's level-1 pipeline halves CPU compile time of the training programs
-# and, measured on the PPO chunk, leaves run time unchanged.
-DEFAULT_XLA_FLAGS = "--xla_backend_optimization_level=1"
-
 
 def default_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "rlx" / "jax_compilation_cache"
-
-
-def set_xla_flags() -> None:
-    """Add rlx's default XLA flags unless the user chose the same flag already."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    name = DEFAULT_XLA_FLAGS.split("=")[0]
-    if name not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} {DEFAULT_XLA_FLAGS}".strip()
 
 
 class CacheCounter:

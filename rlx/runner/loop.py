@@ -121,7 +121,7 @@ class Programs:
                 lambda p, k: evaluate(act, env, env_params, p, k, settings.eval_episodes, settings.eval_greedy)
             )(policy, keys)
 
-        keys = jax.ShapeDtypeStruct((settings.num_seeds, 2), jnp.uint32)
+        keys = jax.eval_shape(lambda: jax.random.split(jax.random.PRNGKey(0), settings.num_seeds))
         self.init = self._compile(init, config, keys)
         self.state_shape = jax.eval_shape(init, config, keys)
         self.evaluate = self._compile(run_evaluation, config, self.state_shape.policy, keys)
