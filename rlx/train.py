@@ -11,7 +11,6 @@ import time
 
 _PROCESS_START = time.perf_counter()
 
-import os  # noqa: E402
 import re  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -119,7 +118,9 @@ def main() -> None:
         check_group_choices(sys.argv[1:])
     except UnknownNameError as error:
         fail(str(error), 2)
-    os.environ.setdefault("HYDRA_FULL_ERROR", "0")
+    from rlx.runner import compile_cache
+
+    compile_cache.set_xla_flags()
     import hydra
     from hydra.core.hydra_config import HydraConfig
 

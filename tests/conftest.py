@@ -11,6 +11,7 @@ TEST_CACHE = Path(os.environ.get("RLX_TEST_CACHE", ROOT / ".pytest_cache" / "jax
 
 from rlx.runner import compile_cache  # noqa: E402
 
+compile_cache.set_xla_flags()
 compile_cache.enable(TEST_CACHE)
 
 

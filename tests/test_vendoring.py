@@ -11,7 +11,7 @@ from conftest import ROOT
 
 AGENT_FILES = sorted((ROOT / "rlx" / "agents").glob("[!_]*.py"))
 ALLOWED = {"jax", "flax", "optax", "distrax", "chex", "numpy", "__future__", "dataclasses", "typing", "functools",
-           "argparse", "time", "math"}
+           "argparse", "time", "math", "os"}
 
 
 @pytest.mark.parametrize("path", AGENT_FILES, ids=lambda p: p.name)

@@ -468,7 +468,11 @@ def train(config: Config, env, env_params, key, num_updates: int | None = None):
 
 def _cli():
     import argparse
+    import os
     import time
+
+    # Works around a hang of jaxlib 0.10's CPU runtime on some vmapped programs.
+    os.environ.setdefault("XLA_FLAGS", "--xla_cpu_enable_concurrency_optimized_scheduler=false")
 
     from gymnax.environments.classic_control.cartpole import CartPole
 
