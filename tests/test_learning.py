@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from rlx.envs import registry
 
 
@@ -31,3 +33,12 @@ def test_every_registered_environment_steps():
         action = env.action_space(params).sample(jax.random.PRNGKey(1))
         out = env.step(jax.random.PRNGKey(2), state, action, params)
         assert len(out) == 6 and out[0].shape == obs.shape, name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset, threshold", [("ppo_acrobot", -100.0), ("ppo_pendulum", -250.0)])
+def test_slow_presets_reach_their_thresholds(run_cli, tmp_path, preset, threshold):
+    done = run_cli(f"+exp={preset}", "logger=none", timeout=600)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["final_eval"]["return_mean"] >= threshold, summary["final_eval"]

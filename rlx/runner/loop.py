@@ -123,7 +123,7 @@ class Programs:
 
         keys = jax.eval_shape(lambda: jax.random.split(jax.random.PRNGKey(0), settings.num_seeds))
         self.init = self._compile(init, config, keys)
-        self.state_shape = jax.eval_shape(init, config, keys)
+        self.state_shape = self.init.out_info
         self.evaluate = self._compile(run_evaluation, config, self.state_shape.policy, keys)
 
     def _agent(self, config):
@@ -136,22 +136,21 @@ class Programs:
         return compiled
 
     def compile_chunk(self):
-        """Run ``num_updates`` (<= ``chunk_updates``) updates for every seed.
+        """The program running a chunk of updates for every seed, compiled on first use.
 
-        Compiled on first use. One program serves every chunk length: it scans ``chunk_updates``
-        steps and skips (``lax.cond``) those past ``num_updates``, so a last,
-        shorter chunk costs no second compilation. Returns the new state and
-        metrics with leading axes ``[num_updates, seed]``.
+        One program serves every chunk length: it scans
+        ``chunk_updates`` updates and keeps the old state for those past
+        ``num_updates``, so a last, shorter chunk costs no second compilation.
         """
         if self._chunk is None:
 
             def run_chunk(config, state, num_updates):
                 update = jax.vmap(self._agent(config).update)
-                _, metric_shapes = jax.eval_shape(update, state)
-                skipped = jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), metric_shapes)
 
                 def step(state, index):
-                    return jax.lax.cond(index < num_updates, update, lambda s: (s, skipped), state)
+                    new_state, metrics = update(state)
+                    active = index < num_updates
+                    return jax.tree.map(lambda new, old: jnp.where(active, new, old), new_state, state), metrics
 
                 return jax.lax.scan(step, state, jnp.arange(self.chunk_updates))
 
@@ -160,6 +159,7 @@ class Programs:
         return self._chunk
 
     def chunk(self, state, num_updates: int):
+        """Run ``num_updates`` (<= ``chunk_updates``) updates of every seed; metrics are ``[update, seed]``."""
         state, metrics = self.compile_chunk()(self.config, state, jnp.int32(num_updates))
         return state, jax.tree.map(lambda m: m[:num_updates], jax.device_get(metrics))
 
