@@ -113,7 +113,9 @@ class Programs:
         self._chunk = None
 
         def init(config, keys):
-            return jax.vmap(self._agent(config).init)(keys)
+            # lax.map, not vmap: the same stacked states, but the batched PRNG and
+            # QR kernels that vmap creates more than double this program's compile time.
+            return jax.lax.map(self._agent(config).init, keys)
 
         def run_evaluation(config, policy, keys):
             act = self._agent(config).act
