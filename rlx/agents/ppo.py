@@ -22,7 +22,6 @@ bootstrapped from the value of their real last state.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable, NamedTuple
 
 import distrax
