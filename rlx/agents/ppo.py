@@ -1,6 +1,6 @@
 """Proximal Policy Optimization (PPO) as pure, jittable functions in one file.
 
-Vendorable: this file imports only jax, flax, optax, distrax and numpy. Copy it
+Vendorable: this file imports only jax, flax, optax and numpy. Copy it
 into your project and run ``python ppo.py`` to train CartPole.
 
 Shape of the API (shared by every rlx agent):
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple
 
-import distrax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -119,6 +118,52 @@ def validate(config: Config) -> None:
             raise ValueError(f"{field}={getattr(config, field)!r}: {rule}")
 
 
+# --------------------------------------------------------------------------- distributions
+# Two small policy distributions instead of distrax: with distrax (TFP's JAX
+# substrate underneath) PPO's update ran at about 80k env steps/s on a 2-core
+# CPU, with these at about 125k, and the import is 0.75 s shorter.
+
+
+class Categorical(NamedTuple):
+    """Discrete policy over the last axis of ``logits``."""
+
+    logits: jax.Array
+
+    def sample(self, seed):
+        return jax.random.categorical(seed, self.logits)
+
+    def log_prob(self, action):
+        log_p = jax.nn.log_softmax(self.logits)
+        return jnp.take_along_axis(log_p, action[..., None].astype(jnp.int32), -1)[..., 0]
+
+    def entropy(self):
+        log_p = jax.nn.log_softmax(self.logits)
+        return -(jnp.exp(log_p) * log_p).sum(-1)
+
+    def mode(self):
+        return jnp.argmax(self.logits, -1)
+
+
+class DiagGaussian(NamedTuple):
+    """Gaussian policy with independent action dimensions (last axis)."""
+
+    mean: jax.Array
+    log_std: jax.Array
+
+    def sample(self, seed):
+        return self.mean + jnp.exp(self.log_std) * jax.random.normal(seed, self.mean.shape)
+
+    def log_prob(self, action):
+        z = (action - self.mean) * jnp.exp(-self.log_std)
+        return (-0.5 * z**2 - self.log_std - 0.5 * jnp.log(2 * jnp.pi)).sum(-1)
+
+    def entropy(self):
+        return (self.log_std + 0.5 * jnp.log(2 * jnp.pi * jnp.e)).sum(-1)
+
+    def mode(self):
+        return self.mean
+
+
 # --------------------------------------------------------------------------- networks
 
 
@@ -161,8 +206,8 @@ class ActorCritic(nn.Module):
     def policy(self, obs):
         out = self.actor(obs)
         if self.continuous:
-            return distrax.MultivariateNormalDiag(out, jnp.exp(self.log_std))
-        return distrax.Categorical(logits=out)
+            return DiagGaussian(out, jnp.broadcast_to(self.log_std, out.shape))
+        return Categorical(out)
 
     def value(self, obs):
         return self.critic(obs).squeeze(-1)
