@@ -1,7 +1,7 @@
 """Command line: ``python -m rlx.train +exp=NAME [overrides]``.
 
 Reads the Hydra config, asks ``rlx.envs.registry`` for the environment and
-``rlx.agents`` for the algorithm, and hands both to ``rlx.runner``. Mistakes in
+``rlx.algorithms`` for the agent module, and hands both to ``rlx.runner``. Mistakes in
 names or values are reported as one line with exit code 2, before compiling.
 """
 
@@ -58,12 +58,12 @@ def execute(cfg, run_dir: Path, hydra_seconds: float) -> dict:
 
     logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
 
-    from rlx import agents
+    from rlx import algorithms
     from rlx.envs import registry
     from rlx.runner import artifacts, loop
 
     algo_values = OmegaConf.to_container(cfg.algo, resolve=True)
-    agent_module = agents.load(algo_values.pop("name"))
+    agent_module = algorithms.load(algo_values.pop("name"))
     env_values = OmegaConf.to_container(cfg.env, resolve=True)
     env, env_params = registry.make(env_values["name"], **(env_values.get("params") or {}))
     import_seconds = hydra_seconds + time.perf_counter() - tick

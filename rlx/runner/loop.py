@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from rlx.errors import ConfigError
@@ -107,7 +106,6 @@ class Programs:
 
     def __init__(self, agent_module, config, env, env_params, settings: RunSettings):
         self.agent_module, self.config, self.env, self.env_params = agent_module, config, env, env_params
-        self.settings = settings
         self.compile_seconds = 0.0
         self._chunks = {}
 
