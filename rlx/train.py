@@ -43,6 +43,60 @@ def fail(message: str, code: int) -> None:
     sys.exit(code)
 
 
+def with_hydra_defaults(argv: list[str]) -> list[str]:
+    """Command-line conveniences applied before Hydra parses the arguments.
+
+    ``sweep.algo.lr=[...]`` adds keys to the empty ``sweep`` section, which
+    Hydra would otherwise insist be written ``+sweep.algo.lr=[...]``; and
+    ``run.resume=DIR`` continues in ``DIR`` without touching its ``.hydra`` record.
+    """
+    argv = [f"+{arg}" if arg.startswith("sweep.") else arg for arg in argv]
+    resume = [arg.split("=", 1)[1] for arg in argv if arg.startswith("run.resume=")]
+    if resume and resume[-1] not in ("", "null") and not any(arg.startswith("hydra.run.dir=") for arg in argv):
+        argv += [f"hydra.run.dir={resume[-1]}", "hydra.output_subdir=null"]
+    return argv
+
+
+# Keys a resumed run may change: where it caches, how it shows progress, which directory it resumes.
+RESUME_MAY_CHANGE = ("run.resume", "run.compile_cache", "logger.")
+
+
+def resume_config(cfg, overrides: list[str]):
+    """The configuration a ``run.resume=DIR`` run continues with.
+
+    Given only ``run.resume`` (and logger choices), the saved ``config.yaml``
+    of DIR is used. Given a full command line, it must agree with the saved
+    one: a resumed run that trained something else would not be a resume.
+    """
+    from omegaconf import OmegaConf
+
+    resume_dir = Path(cfg.run.resume)
+    saved_path = resume_dir / "config.yaml"
+    if not saved_path.is_file():
+        raise ConfigError(f"run.resume={resume_dir}: no config.yaml there; not an rlx run directory")
+    saved = OmegaConf.load(saved_path)
+    if all(o.lstrip("+~").startswith(RESUME_MAY_CHANGE + ("logger=", "hydra.")) for o in overrides):
+        return OmegaConf.merge(saved, {"run": {"resume": str(resume_dir)}, "logger": cfg.logger})
+    current = flatten(OmegaConf.to_container(cfg, resolve=True))
+    previous = flatten(OmegaConf.to_container(saved, resolve=True))
+    differing = sorted(key for key in current.keys() | previous.keys()
+                       if not key.startswith(RESUME_MAY_CHANGE) and current.get(key) != previous.get(key))
+    if differing:
+        changes = "; ".join(f"{key}: {previous.get(key)!r} -> {current.get(key)!r}" for key in differing)
+        raise ConfigError(f"run.resume={resume_dir}: the config differs from the checkpointed run's ({changes})")
+    return cfg
+
+
+def flatten(tree, prefix: str = "") -> dict:
+    """{'algo.lr': 0.001, ...} from nested dicts."""
+    if not isinstance(tree, dict):
+        return {prefix[:-1]: tree}
+    flat = {}
+    for key, value in tree.items():
+        flat.update(flatten(value, f"{prefix}{key}."))
+    return flat if flat or not prefix else {prefix[:-1]: {}}
+
+
 def execute(cfg, run_dir: Path, hydra_seconds: float) -> dict:
     """Train one configuration and write every file of its run directory; return the summary."""
     from omegaconf import OmegaConf
@@ -57,10 +111,11 @@ def execute(cfg, run_dir: Path, hydra_seconds: float) -> dict:
     import logging
 
     logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
+    logging.getLogger("absl").setLevel(logging.WARNING)  # orbax reports every save at INFO
 
     from rlx import algorithms
     from rlx.envs import registry
-    from rlx.runner import artifacts, loop
+    from rlx.runner import artifacts, loop, sweep
 
     algo_values = OmegaConf.to_container(cfg.algo, resolve=True)
     agent_module = algorithms.load(algo_values.pop("name"))
@@ -68,14 +123,17 @@ def execute(cfg, run_dir: Path, hydra_seconds: float) -> dict:
     env, env_params = registry.make(env_values["name"], **(env_values.get("params") or {}))
     import_seconds = hydra_seconds + time.perf_counter() - tick
 
-    config = loop.build_agent_config(agent_module, algo_values)
+    sweep_values = OmegaConf.to_container(cfg.sweep, resolve=True) if cfg.get("sweep") else {}
+    grid = sweep.build_grid(sweep_values, algo_values, agent_module, loop.build_agent_config)
     settings_values["progress"] = bool(cfg.logger.progress)
+    resume_dir = settings_values.pop("resume", None)
     settings = loop.RunSettings.from_dict(settings_values)
     counter = compile_cache.enable(cache_dir)
 
     run_dir.mkdir(parents=True, exist_ok=True)
     config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
-    (run_dir / "config.yaml").write_text(config_yaml)
+    if resume_dir is None:
+        (run_dir / "config.yaml").write_text(config_yaml)
     summary = {
         "experiment": cfg.exp_name,
         "algo": cfg.algo.name,
@@ -87,9 +145,12 @@ def execute(cfg, run_dir: Path, hydra_seconds: float) -> dict:
         "versions": artifacts.package_versions(),
         "run_dir": str(run_dir),
     }
+    if resume_dir is not None:
+        summary["resumed"] = True
     title = f"{cfg.exp_name}"
     try:
-        result = loop.run_training(agent_module, config, env, env_params, settings, run_dir, title)
+        result = loop.run_training(agent_module, grid, env, env_params, settings, run_dir, title,
+                                   resume_from=Path(resume_dir) if resume_dir else None)
     except loop.NonFiniteError as error:
         summary.update(status="diverged", diverged_at_update=error.update, error=str(error))
         artifacts.write_json_atomic(run_dir / "summary.json", summary)
@@ -118,6 +179,7 @@ def main() -> None:
         check_group_choices(sys.argv[1:])
     except UnknownNameError as error:
         fail(str(error), 2)
+    sys.argv[1:] = with_hydra_defaults(sys.argv[1:])
     from rlx.runner import compile_cache
 
     compile_cache.set_xla_flags()
@@ -132,6 +194,9 @@ def main() -> None:
 
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         try:
+            if cfg.run.get("resume"):
+                cfg = resume_config(cfg, list(HydraConfig.get().overrides.task))
+                run_dir = Path(cfg.run.resume)
             execute(cfg, run_dir, hydra_seconds)
         except ConfigError as error:
             fail(str(error), 2)

@@ -78,8 +78,44 @@ class MetricsWriter:
         self._file.close()
 
 
-def plot_learning_curve(records: list[dict], path: Path, title: str) -> None:
-    """Mean return over seeds with a min–max band, for evaluation and training returns."""
+def truncate_metrics(path: Path, updates_done: int) -> list[dict]:
+    """Keep the metrics.jsonl lines up to ``updates_done`` (a resumed run rewrites the rest); return them."""
+    if not path.exists():
+        return []
+    records, lines = [], path.read_text().splitlines()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines):
+                break  # a line cut short by the kill
+            raise ValueError(f"{path}:{number}: not a JSON line") from None
+        if record["update"] <= updates_done:
+            records.append(record)
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+    os.replace(tmp, path)
+    return records
+
+
+def learning_curves(records: list[dict], key: str):
+    """(env steps, values ``[row, grid point, seed]``) of the records that have ``key``; None if none do."""
+    import numpy as np
+
+    rows = [r for r in records if r.get(key) is not None]
+    if not rows:
+        return None
+    steps = np.array([r["env_steps"] for r in rows])
+    values = np.array([r[key] for r in rows], dtype=float)  # JSON null -> nan
+    if values.ndim == 2:
+        values = values[:, None, :]
+    return steps, values
+
+
+def plot_learning_curve(records: list[dict], path: Path, title: str, labels: list[str] | None = None) -> None:
+    """Mean return over seeds with a min–max band: evaluation and training returns, or one curve per sweep point."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -87,19 +123,25 @@ def plot_learning_curve(records: list[dict], path: Path, title: str) -> None:
     import numpy as np
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for key, label in (("eval_return", "evaluation"), ("train_return", "training episodes")):
-        rows = [r for r in records if r.get(key) is not None]
-        if not rows:
+    keys = (("eval_return", "evaluation"), ("train_return", "training episodes"))
+    if labels:  # a sweep: evaluation curves only, one per point, or training curves if never evaluated
+        keys = keys[:1] if learning_curves(records, "eval_return") is not None else keys[1:]
+    for key, kind in keys:
+        curves = learning_curves(records, key)
+        if curves is None:
             continue
-        steps = np.array([r["env_steps"] for r in rows])
-        values = np.array([[np.nan if v is None else v for v in r[key]] for r in rows], dtype=float)
-        line = ax.plot(steps, np.nanmean(values, 1), label=f"{label} (mean)", marker="o" if key == "eval_return" else None)
-        ax.fill_between(steps, np.nanmin(values, 1), np.nanmax(values, 1), alpha=0.2, color=line[0].get_color())
+        steps, values = curves
+        for point in range(values.shape[1]):
+            label = f"{labels[point]}" if labels else f"{kind} (mean)"
+            line = ax.plot(steps, np.nanmean(values[:, point], 1), label=label,
+                           marker="o" if key == "eval_return" and not labels else None)
+            ax.fill_between(steps, np.nanmin(values[:, point], 1), np.nanmax(values[:, point], 1), alpha=0.2,
+                            color=line[0].get_color())
     ax.set_xlabel("environment steps (per seed)")
     ax.set_ylabel("return")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(loc="best")
+    ax.legend(loc="best", fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

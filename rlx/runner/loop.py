@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from rlx.errors import ConfigError
-from rlx.runner import artifacts
+from rlx.runner import artifacts, checkpoints
 from rlx.runner.console import ProgressView
 from rlx.runner.evaluation import evaluate
 
@@ -44,6 +44,7 @@ class RunSettings:
     stop_at_return: float | None = None
     progress: bool = True
     compile_cache: str | None = None
+    checkpoint_every_chunks: int = 5
 
     @classmethod
     def from_dict(cls, values: dict) -> "RunSettings":
@@ -57,6 +58,7 @@ class RunSettings:
             ("chunk_updates", settings.chunk_updates is None or settings.chunk_updates >= 1, "must be >= 1 or null"),
             ("eval_every_chunks", settings.eval_every_chunks >= 1, "must be >= 1"),
             ("eval_episodes", settings.eval_episodes >= 1, "must be >= 1"),
+            ("checkpoint_every_chunks", settings.checkpoint_every_chunks >= 0, "must be >= 0 (0 = no checkpoints)"),
         ]
         for field, ok, rule in rules:
             if not ok:
@@ -102,10 +104,14 @@ class Programs:
 
     The agent config is an argument, not a constant, so its numeric fields stay
     traced: a changed learning rate reuses the compiled (and cached) programs.
+    With a sweep, the config's leaves carry a leading grid axis and every
+    program is vmapped over it too; all grid points share the seeds' keys, so
+    points differ only by their hyper-parameters.
     """
 
-    def __init__(self, agent_module, config, env, env_params, settings: RunSettings):
+    def __init__(self, agent_module, config, env, env_params, settings: RunSettings, swept: bool):
         self.agent_module, self.config, self.env, self.env_params = agent_module, config, env, env_params
+        self.swept = swept
         self.compile_seconds = 0.0
         self._chunks = {}
 
@@ -121,12 +127,15 @@ class Programs:
             )(policy, keys)
 
         keys = jax.eval_shape(lambda: jax.random.split(jax.random.PRNGKey(0), settings.num_seeds))
-        self.init = self._compile(init, config, keys)
+        self.init = self._compile(self._over_grid(init, (0, None)), config, keys)
         self.state_shape = self.init.out_info
-        self.evaluate = self._compile(run_evaluation, config, self.state_shape.policy, keys)
+        self.evaluate = self._compile(self._over_grid(run_evaluation, (0, 0, None)), config, self.state_shape.policy, keys)
 
     def _agent(self, config):
         return self.agent_module.make(config, self.env, self.env_params)
+
+    def _over_grid(self, fn, in_axes):
+        return jax.vmap(fn, in_axes=in_axes) if self.swept else fn
 
     def _compile(self, fn, *args):
         start = time.perf_counter()
@@ -148,13 +157,21 @@ class Programs:
                 update = jax.vmap(self._agent(config).update)
                 return jax.lax.scan(lambda s, _: update(s), state, None, num_updates)
 
-            self._chunks[num_updates] = self._compile(run_chunk, self.config, self.state_shape)
+            self._chunks[num_updates] = self._compile(self._over_grid(run_chunk, (0, 0)), self.config, self.state_shape)
         return self._chunks[num_updates]
 
     def chunk(self, state, num_updates: int):
-        """Run ``num_updates`` updates of every seed; metrics come back as ``[update, seed]`` arrays."""
+        """Run ``num_updates`` updates; metrics come back as ``[update, grid point, seed]`` arrays."""
         state, metrics = self.chunk_program(num_updates)(self.config, state)
-        return state, jax.device_get(metrics)
+        metrics = jax.device_get(metrics)
+        if self.swept:  # [grid, update, seed] -> [update, grid, seed]
+            return state, {name: np.swapaxes(v, 0, 1) for name, v in metrics.items()}
+        return state, {name: v[:, None] for name, v in metrics.items()}
+
+    def evaluation(self, state, keys) -> np.ndarray:
+        """Evaluation returns, ``[grid point, seed, episode]``."""
+        returns = jax.device_get(self.evaluate(self.config, state.policy, keys))
+        return returns if self.swept else returns[None]
 
 
 def default_chunk_updates(num_updates: int, target_chunks: int = 20) -> int:
@@ -178,87 +195,154 @@ def first_non_finite(metrics: dict) -> tuple[int, str] | None:
     return first
 
 
-def chunk_record(chunk, update, env_steps, metrics, start_time) -> dict:
+def nested(values: np.ndarray, swept: bool):
+    """JSON lists of a ``[grid point, seed]`` array: ``[[...]]`` per point when swept, else one list per seed."""
+    values = np.asarray(values, dtype=float)
+    return values.tolist() if swept else values[0].tolist()
+
+
+def chunk_record(chunk, update, env_steps, metrics, start_time, swept: bool) -> dict:
     """One metrics.jsonl line: per-seed values (mean over the chunk's updates) of every metric."""
     now = time.time()
     record = {"chunk": chunk, "update": update, "env_steps": env_steps, "time": now,
               "elapsed_seconds": now - start_time}
     for name, values in metrics.items():
         per_seed = values.mean(axis=0) if name != "train_return" else values[-1]
-        record[name] = [float(v) for v in np.ravel(per_seed)]
+        record[name] = nested(per_seed.reshape(per_seed.shape[:2]), swept)
     return record
 
 
-def run_training(agent_module, config, env, env_params, settings: RunSettings, run_dir: Path, title: str) -> dict:
-    """Train every seed, writing metrics.jsonl as it goes; returns the summary's training part."""
-    steps_per_update = config.num_envs * config.num_steps
-    num_updates = config.num_updates
+def final_evaluation(returns: np.ndarray, settings: RunSettings) -> dict:
+    """Summary figures of one grid point's ``[seed, episode]`` evaluation returns."""
+    per_seed = returns.mean(axis=1)
+    return {
+        "return_per_seed": [float(r) for r in per_seed],
+        "return_mean": float(per_seed.mean()),
+        "return_std": float(per_seed.std()),
+        "episodes_per_seed": settings.eval_episodes,
+        "greedy": settings.eval_greedy,
+    }
+
+
+def sweep_summary(grid, returns: np.ndarray, settings: RunSettings) -> dict:
+    """Per-point final figures and the best point by final mean return."""
+    points = [{"point": point, **final_evaluation(r, settings)} for point, r in zip(grid.points, returns)]
+    best = max(range(len(points)), key=lambda i: points[i]["return_mean"])
+    return {"fields": list(grid.fields), "points": points,
+            "best": {"index": best, "point": grid.points[best], "return_mean": points[best]["return_mean"]}}
+
+
+@dataclasses.dataclass
+class Progress:
+    """Where a run stands: what a checkpoint records besides the state."""
+
+    updates_done: int = 0
+    chunks_done: int = 0
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def run_training(agent_module, grid, env, env_params, settings: RunSettings, run_dir: Path, title: str,
+                 resume_from: Path | None = None) -> dict:
+    """Train every grid point and seed, writing metrics.jsonl as it goes; returns the summary's training part.
+
+    With ``resume_from`` the state and progress come from that run's latest
+    checkpoint and the run continues as if it had never stopped.
+    """
+    config = grid.stacked_config()
+    base = grid.configs[0]
+    steps_per_update = base.num_envs * base.num_steps
+    num_updates = base.num_updates
     chunk_updates = min(settings.chunk_updates or default_chunk_updates(num_updates), num_updates)
     num_chunks = math.ceil(num_updates / chunk_updates)
+    runs = grid.size * settings.num_seeds
+    checkpointing = settings.checkpoint_every_chunks > 0
+    orbax_import = checkpoints.preload() if checkpointing or resume_from else None
 
-    view = ProgressView(title, num_updates * steps_per_update * settings.num_seeds, settings.progress)
-    writer = artifacts.MetricsWriter(run_dir / "metrics.jsonl")
+    view = ProgressView(title, num_updates * steps_per_update * runs, settings.progress)
+    metrics_path = run_dir / "metrics.jsonl"
     records: list[dict] = []
-    status, final_eval = "completed", None
+    status, final_eval, checkpointer, writer = "completed", None, None, None
     try:
-        programs = Programs(agent_module, config, env, env_params, settings)
+        programs = Programs(agent_module, config, env, env_params, settings, grid.swept)
         root_key = jax.random.PRNGKey(settings.seed)
         train_key, eval_root = jax.random.split(root_key)
-        state = programs.init(config, jax.random.split(train_key, settings.num_seeds))
         programs.chunk_program(chunk_updates)  # compiled before the clock starts
-        run_start, run_seconds, updates_done = time.time(), 0.0, 0
-        for chunk in range(num_chunks):
-            n = min(chunk_updates, num_updates - updates_done)
+        if resume_from is not None:
+            orbax_import.join()
+            state, progress = checkpoints.restore_latest(resume_from, programs.state_shape)
+            progress = Progress(**progress)
+            records = artifacts.truncate_metrics(metrics_path, progress.updates_done)
+        else:
+            state, progress = programs.init(config, jax.random.split(train_key, settings.num_seeds)), Progress()
+        if checkpointing:
+            orbax_import.join()
+            checkpointer = checkpoints.Checkpointer(run_dir)
+        writer = artifacts.MetricsWriter(metrics_path)
+        run_start, run_seconds, steps_this_process = time.time(), 0.0, 0
+        for chunk in range(progress.chunks_done, num_chunks):
+            n = min(chunk_updates, num_updates - progress.updates_done)
             tick = time.perf_counter()
             new_state, metrics = programs.chunk(state, n)
             run_seconds += time.perf_counter() - tick
             bad = first_non_finite(metrics)
             if bad is not None:
                 status = "diverged"
-                raise NonFiniteError(updates_done + bad[0] + 1, bad[1], run_dir)
-            state, updates_done = new_state, updates_done + n
-            env_steps = updates_done * steps_per_update
-            record = chunk_record(chunk, updates_done, env_steps, metrics, run_start)
-            if (chunk + 1) % settings.eval_every_chunks == 0 or chunk == num_chunks - 1:
+                raise NonFiniteError(progress.updates_done + bad[0] + 1, bad[1], run_dir)
+            state = new_state
+            progress = Progress(progress.updates_done + n, chunk + 1)
+            steps_this_process += n * steps_per_update * runs
+            env_steps = progress.updates_done * steps_per_update
+            record = chunk_record(chunk, progress.updates_done, env_steps, metrics, run_start, grid.swept)
+            last = chunk == num_chunks - 1
+            if (chunk + 1) % settings.eval_every_chunks == 0 or last:
                 tick = time.perf_counter()
-                eval_keys = jax.random.split(jax.random.fold_in(eval_root, updates_done), settings.num_seeds)
-                returns = jax.device_get(programs.evaluate(config, state.policy, eval_keys))
+                eval_keys = jax.random.split(jax.random.fold_in(eval_root, progress.updates_done), settings.num_seeds)
+                final_eval = programs.evaluation(state, eval_keys)
                 run_seconds += time.perf_counter() - tick
-                final_eval = returns
-                record["eval_return"] = [float(r) for r in returns.mean(axis=1)]
+                record["eval_return"] = nested(final_eval.mean(axis=2), grid.swept)
                 record["time"] = time.time()
-            record["steps_per_second"] = env_steps * settings.num_seeds / max(run_seconds, 1e-9)
+            record["steps_per_second"] = steps_this_process / max(run_seconds, 1e-9)
             writer.write(record)
             records.append(record)
-            label, shown = ("eval", record["eval_return"]) if "eval_return" in record else ("train", record["train_return"])
-            view.update(env_steps * settings.num_seeds, record["steps_per_second"], label, shown)
-            if (settings.stop_at_return is not None and "eval_return" in record
-                    and np.mean(record["eval_return"]) >= settings.stop_at_return):
+            reached = (settings.stop_at_return is not None and final_eval is not None and "eval_return" in record
+                       and final_eval.mean(axis=2).mean(axis=1).max() >= settings.stop_at_return)
+            if checkpointing and ((chunk + 1) % settings.checkpoint_every_chunks == 0 or last or reached):
+                checkpointer.save(progress.updates_done, state, progress.as_dict())
+            shown = final_eval.mean(axis=2) if "eval_return" in record else metrics["train_return"][-1]
+            view.update(env_steps * runs, record["steps_per_second"], "eval" if "eval_return" in record else "train",
+                        np.ravel(shown).tolist())
+            if reached:
                 status = "reached_stop_at_return"
                 break
     finally:
         view.close()
-        writer.close()
+        if writer is not None:
+            writer.close()
+        if checkpointer is not None:
+            checkpointer.close()
         if records:
-            artifacts.plot_learning_curve(records, run_dir / "learning_curve.png", title)
+            labels = [grid.label(i) for i in range(grid.size)] if grid.swept else None
+            artifacts.plot_learning_curve(records, run_dir / "learning_curve.png", title, labels)
 
-    per_seed = final_eval.mean(axis=1)
-    return {
+    if final_eval is None:  # resumed from a checkpoint of a finished run
+        eval_keys = jax.random.split(jax.random.fold_in(eval_root, progress.updates_done), settings.num_seeds)
+        final_eval = programs.evaluation(state, eval_keys)
+    result = {
         "status": status,
-        "final_eval": {
-            "return_per_seed": [float(r) for r in per_seed],
-            "return_mean": float(per_seed.mean()),
-            "return_std": float(per_seed.std()),
-            "episodes_per_seed": settings.eval_episodes,
-            "greedy": settings.eval_greedy,
-        },
-        "updates": updates_done,
-        "env_steps_per_seed": updates_done * steps_per_update,
-        "env_steps_total": updates_done * steps_per_update * settings.num_seeds,
-        "chunks": len(records),
+        "final_eval": final_evaluation(final_eval[0], settings),
+        "updates": progress.updates_done,
+        "env_steps_per_seed": progress.updates_done * steps_per_update,
+        "env_steps_total": progress.updates_done * steps_per_update * runs,
+        "chunks": progress.chunks_done,
         "chunk_updates": chunk_updates,
         "compile_seconds": programs.compile_seconds,
         "run_seconds": run_seconds,
-        "steps_per_second": updates_done * steps_per_update * settings.num_seeds / max(run_seconds, 1e-9),
+        "steps_per_second": steps_this_process / max(run_seconds, 1e-9),
         "state": state,
     }
+    if grid.swept:
+        result["sweep"] = sweep_summary(grid, final_eval, settings)
+        result["final_eval"] = result["sweep"]["points"][result["sweep"]["best"]["index"]]
+    return result

@@ -1,0 +1,90 @@
+"""Checkpoints of the whole runner state with orbax, saved atomically.
+
+A checkpoint holds every seed and sweep point: parameters, optimiser and
+normalisation statistics, environment states, PRNG keys and step counters,
+plus a small JSON record of progress (updates done, chunk index). orbax writes
+each step to a temporary directory and renames it only when complete, so a
+crash during a save leaves the previous checkpoint as the latest readable one.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from pathlib import Path
+
+from rlx.errors import ConfigError
+
+CHECKPOINT_SUBDIR = "checkpoints"
+
+
+def preload() -> threading.Thread:
+    """Import orbax in the background (about 0.6 s) while XLA compiles with the GIL released."""
+    thread = threading.Thread(target=importlib.import_module, args=("orbax.checkpoint",), daemon=True)
+    thread.start()
+    return thread
+
+
+class Checkpointer:
+    """Saves ``{"state": pytree, "progress": dict}`` under ``run_dir/checkpoints/<updates>``."""
+
+    def __init__(self, run_dir: Path, keep: int = 2):
+        import orbax.checkpoint as ocp
+
+        self._ocp = ocp
+        self.directory = (Path(run_dir) / CHECKPOINT_SUBDIR).resolve()
+        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=True)
+        self._manager = ocp.CheckpointManager(self.directory, options=options)
+
+    def save(self, updates_done: int, state, progress: dict) -> None:
+        """Start saving in the background; the previous save is finished first."""
+        args = self._ocp.args.Composite(
+            state=self._ocp.args.StandardSave(state), progress=self._ocp.args.JsonSave(progress)
+        )
+        self._manager.save(updates_done, args=args)
+
+    def wait(self) -> None:
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+
+def restore_latest(run_dir: Path, abstract_state) -> tuple[object, dict]:
+    """(state, progress) of the newest complete checkpoint in ``run_dir``; ConfigError if none is readable."""
+    import orbax.checkpoint as ocp
+
+    directory = (Path(run_dir) / CHECKPOINT_SUBDIR).resolve()
+    if not directory.is_dir():
+        raise ConfigError(f"run.resume={run_dir}: no checkpoint directory {directory}")
+    manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(create=False))
+    try:
+        step = manager.latest_step()
+        if step is None:
+            raise ConfigError(f"run.resume={run_dir}: {directory} holds no complete checkpoint")
+        try:
+            restored = manager.restore(step, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract_state), progress=ocp.args.JsonRestore()))
+        except Exception as error:  # orbax raises many types for damaged or mismatched files
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise ConfigError(f"run.resume={run_dir}: checkpoint {directory / str(step)} is unreadable "
+                              f"or does not match this configuration ({reason[:200]})") from None
+    finally:
+        manager.close()
+    return restored["state"], dict(restored["progress"])
+
+
+def load_raw(run_dir: Path, step: int | None = None) -> tuple[dict, dict]:
+    """(state as nested dicts of arrays, progress) of a checkpoint, without knowing the state's type."""
+    import orbax.checkpoint as ocp
+
+    directory = (Path(run_dir) / CHECKPOINT_SUBDIR).resolve()
+    manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(create=False))
+    try:
+        step = manager.latest_step() if step is None else step
+        restored = manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(), progress=ocp.args.JsonRestore()))
+    finally:
+        manager.close()
+    return restored["state"], dict(restored["progress"])

@@ -1,0 +1,143 @@
+"""Sweeps inside one program, checkpoints, and resuming a killed run bit for bit."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import ROOT, TEST_CACHE
+from rlx.runner import checkpoints
+
+TINY = ["+exp=ppo_cartpole", "algo.total_timesteps=2048", "algo.num_envs=4", "algo.num_steps=64",
+        "run.num_seeds=2", "run.chunk_updates=4", "run.eval_episodes=2", "logger=none"]
+
+
+def read_run(run_dir):
+    summary = json.loads((run_dir / "summary.json").read_text())
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return summary, records
+
+
+def test_sweep_trains_every_point_in_one_program_and_matches_single_runs(run_cli, tmp_path):
+    done = run_cli(*TINY, "sweep.algo.lr=[1e-3,3e-3]", "sweep.algo.ent_coef=[0,0.01]",
+                   f"hydra.run.dir={tmp_path / 'sweep'}")
+    assert done.returncode == 0, done.stderr
+    summary, records = read_run(tmp_path / "sweep")
+    sweep = summary["sweep"]
+    assert sweep["fields"] == ["algo.lr", "algo.ent_coef"]
+    assert [p["point"] for p in sweep["points"]] == [
+        {"algo.lr": lr, "algo.ent_coef": ent} for lr in (1e-3, 3e-3) for ent in (0.0, 0.01)]
+    means = [p["return_mean"] for p in sweep["points"]]
+    assert sweep["best"]["index"] == int(np.argmax(means)) and sweep["best"]["return_mean"] == max(means)
+    assert np.shape(records[-1]["loss"]) == (4, 2) and np.shape(records[-1]["eval_return"]) == (4, 2)
+    assert summary["compile_cache"]["misses"] <= 4  # init, eval, one chunk length (+ key setup): not per point
+
+    # Point 3 (lr=3e-3, ent_coef=0.01) shares the seeds' keys: it trains like the same config run alone.
+    done = run_cli(*TINY, "algo.lr=3e-3", "algo.ent_coef=0.01", f"hydra.run.dir={tmp_path / 'single'}")
+    assert done.returncode == 0, done.stderr
+    single, single_records = read_run(tmp_path / "single")
+    np.testing.assert_allclose(single_records[-1]["loss"], records[-1]["loss"][3], rtol=1e-3, atol=1e-5)
+    np.testing.assert_allclose(single["final_eval"]["return_per_seed"], sweep["points"][3]["return_per_seed"],
+                               rtol=0.05)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("sweep.algo.num_envs=[4,8]", "sweep.algo.num_envs: changes the program's shapes"),
+    ("sweep.algo.learning_rate=[1,2]", "sweep.algo.learning_rate: unknown field; sweepable: "),
+    ("sweep.algo.lr=[]", "sweep.algo.lr=[]: the list of values is empty"),
+    ("sweep.algo.activation=[tanh,relu]", "sweep.algo.activation: changes the program's shapes"),
+    ("sweep.algo.lr=[1e-3,fast]", "sweep.algo.lr: value 'fast' is not a number"),
+    ("sweep.algo.lr=[1e-3,-1]", "sweep point algo.lr=-1: algo.lr=-1.0: must be > 0"),
+    ("sweep.env.gravity=[9,10]", "sweep.env: only sweep.algo.* can be swept inside one program"),
+])
+def test_bad_sweeps_fail_in_one_line(run_cli, override, message, tmp_path):
+    done = run_cli(*TINY, override)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+# Long enough per chunk (about 0.1 s) to be killed midway, small enough to stay quick.
+KILLABLE = ["+exp=ppo_cartpole", "algo.total_timesteps=147456", "algo.num_envs=64", "algo.num_steps=128",
+            "run.num_seeds=2", "run.chunk_updates=1", "run.checkpoint_every_chunks=1", "run.eval_every_chunks=6",
+            "run.eval_episodes=2", "logger=none"]
+
+
+def launch(run_dir, *extra):
+    return subprocess.Popen([sys.executable, "-m", "rlx.train", *KILLABLE, *extra, f"hydra.run.dir={run_dir}",
+                             f"run.compile_cache={TEST_CACHE}"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def strip_times(records):
+    return [{k: v for k, v in r.items() if k not in ("time", "elapsed_seconds", "steps_per_second")}
+            for r in records]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("uninterrupted")
+    process = launch(run_dir)
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err
+    return run_dir
+
+
+def test_sigkilled_run_resumes_bit_for_bit(uninterrupted, tmp_path):
+    run_dir = tmp_path / "killed"
+    process = launch(run_dir)
+    deadline = time.time() + 300
+    while not (run_dir / "checkpoints" / "6").is_dir():
+        assert process.poll() is None, process.stderr.read()
+        assert time.time() < deadline
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    killed_at = checkpoints.load_raw(run_dir)[1]["updates_done"]
+    assert 6 <= killed_at < 18, killed_at  # 18 updates in all: the kill landed mid-run
+
+    done = subprocess.run([sys.executable, "-m", "rlx.train", f"run.resume={run_dir}", "logger=none",
+                           f"run.compile_cache={TEST_CACHE}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+
+    expected, resumed = read_run(uninterrupted), read_run(run_dir)
+    assert resumed[0]["resumed"] and resumed[0]["updates"] == expected[0]["updates"] == 18
+    assert resumed[0]["final_eval"] == expected[0]["final_eval"]
+    assert strip_times(resumed[1]) == strip_times(expected[1])  # every chunk's metrics, before and after the kill
+    state, progress = checkpoints.load_raw(run_dir)
+    state_expected, progress_expected = checkpoints.load_raw(uninterrupted)
+    assert progress == progress_expected
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(state_expected), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_resume_with_a_different_config_names_the_keys(uninterrupted, run_cli):
+    done = run_cli(*KILLABLE, "algo.lr=1e-3", f"run.resume={uninterrupted}")
+    assert done.returncode == 2
+    assert "the config differs from the checkpointed run's (algo.lr: 0.0025 -> 0.001)" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_resume_from_missing_or_corrupt_checkpoints_fails_in_one_line(uninterrupted, run_cli, tmp_path):
+    done = run_cli(f"run.resume={tmp_path / 'nowhere'}")
+    assert done.returncode == 2 and "no config.yaml there" in done.stderr
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.yaml").write_text((uninterrupted / "config.yaml").read_text())
+    done = run_cli(f"run.resume={broken}", "logger=none")
+    assert done.returncode == 2 and "no checkpoint directory" in done.stderr
+
+    (broken / "checkpoints" / "3").mkdir(parents=True)
+    (broken / "checkpoints" / "3" / "state").mkdir()
+    (broken / "checkpoints" / "3" / "state" / "garbage").write_bytes(b"\x00not a checkpoint")
+    done = run_cli(f"run.resume={broken}", "logger=none")
+    assert done.returncode == 2, done.stderr
+    assert "is unreadable" in done.stderr or "holds no complete checkpoint" in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
