@@ -141,3 +141,33 @@ def test_resume_from_missing_or_corrupt_checkpoints_fails_in_one_line(uninterrup
     assert done.returncode == 2, done.stderr
     assert "is unreadable" in done.stderr or "holds no complete checkpoint" in done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_multirun_with_the_parallel_launcher_then_report(tmp_path):
+    sweep_dir = tmp_path / "multi"
+    done = subprocess.run(
+        [sys.executable, "-m", "rlx.train", "-m", "hydra/launcher=parallel", *TINY, "env=cartpole,acrobot",
+         f"hydra.sweep.dir={sweep_dir}", f"run.compile_cache={TEST_CACHE}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    jobs = sorted(p.name for p in sweep_dir.iterdir() if (p / "summary.json").exists())
+    assert len(jobs) == 2 and jobs[0].startswith("0_") and "env=cartpole" in jobs[0] and "env=acrobot" in jobs[1]
+    done = subprocess.run([sys.executable, "-m", "rlx.report", str(sweep_dir)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    table = (sweep_dir / "report.md").read_text()
+    for job, env in zip(jobs, ("CartPole-v1", "Acrobot-v1")):
+        returns = json.loads((sweep_dir / job / "summary.json").read_text())["final_eval"]["return_per_seed"]
+        assert f"| ppo_cartpole | {env} | " in table and f"env={env.split('-')[0].lower()}" in table
+        assert f" | {np.mean(returns):.1f} ± {np.std(returns):.1f} | 2 | 2,048 | " in table
+    assert (sweep_dir / "curves_CartPole-v1.png").exists() and (sweep_dir / "curves_Acrobot-v1.png").exists()
+
+
+def test_slurm_launcher_config_composes_with_our_hydra(run_cli):
+    done = subprocess.run([sys.executable, "-m", "rlx.train", "hydra/launcher=slurm", "+exp=ppo_cartpole",
+                           "--cfg", "hydra"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "_target_: hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher" in done.stdout
+    from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher  # the plugin imports
+
+    assert SlurmLauncher

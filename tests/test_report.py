@@ -1,0 +1,42 @@
+"""rlx.report on hand-made run directories: the table's numbers and the plots."""
+
+import json
+
+import pytest
+
+from rlx import report
+
+
+def make_run(path, summary, records, overrides=None):
+    path.mkdir(parents=True)
+    (path / "summary.json").write_text(json.dumps(summary))
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    if overrides:
+        (path / ".hydra").mkdir()
+        (path / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+
+
+def test_report_rows_numbers_and_plots(tmp_path):
+    make_run(tmp_path / "multi" / "0_env=cartpole",
+             {"experiment": "ppo_classic", "env": "CartPole-v1", "env_steps_per_seed": 1000, "total_seconds": 12.5,
+              "final_eval": {"return_per_seed": [100.0, 300.0]}},
+             [{"env_steps": 500, "eval_return": [50.0, 70.0]}, {"env_steps": 1000, "eval_return": [100.0, 300.0]}],
+             overrides=["+exp=ppo_classic", "env=cartpole"])
+    make_run(tmp_path / "swept",
+             {"experiment": "ppo_cartpole", "env": "CartPole-v1", "env_steps_per_seed": 2000, "total_seconds": 3.0,
+              "final_eval": {}, "sweep": {"fields": ["algo.lr"], "points": [
+                  {"point": {"algo.lr": 0.001}, "return_per_seed": [10.0, 20.0, 30.0]},
+                  {"point": {"algo.lr": 0.003}, "return_per_seed": [40.0, 40.0, 40.0]}]}},
+             [{"env_steps": 2000, "eval_return": [[10.0, 20.0, 30.0], [40.0, 40.0, 40.0]]}])
+
+    path = report.write_report([tmp_path], tmp_path / "out")
+    text = path.read_text()
+    assert "| ppo_classic | CartPole-v1 | env=cartpole | 200.0 ± 100.0 | 2 | 1,000 | 12.5 |" in text
+    assert "| ppo_cartpole | CartPole-v1 | lr=0.001 | 20.0 ± 8.2 | 3 | 2,000 | 3.0 |" in text
+    assert "| ppo_cartpole | CartPole-v1 | lr=0.003 | 40.0 ± 0.0 | 3 | 2,000 | 3.0 |" in text
+    assert (tmp_path / "out" / "curves_CartPole-v1.png").stat().st_size > 1000
+
+
+def test_report_without_runs_says_so(tmp_path):
+    with pytest.raises(SystemExit, match="no summary.json under"):
+        report.write_report([tmp_path], tmp_path / "out")

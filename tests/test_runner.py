@@ -1,0 +1,90 @@
+"""The runner with a stand-in agent whose numbers are known: NaN handling and checkpoints."""
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import struct
+
+from rlx.envs import registry
+from rlx.runner import checkpoints, loop, sweep
+
+
+@struct.dataclass
+class Config:
+    nan_from_update: float = 8.0
+    total_timesteps: int = struct.field(pytree_node=False, default=12)
+    num_envs: int = struct.field(pytree_node=False, default=1)
+    num_steps: int = struct.field(pytree_node=False, default=1)
+
+    @property
+    def num_updates(self):
+        return self.total_timesteps // (self.num_envs * self.num_steps)
+
+
+class State(struct.PyTreeNode):
+    counter: jax.Array
+    update_step: jax.Array
+
+    @property
+    def policy(self):
+        return self.counter
+
+
+class Agent(NamedTuple):
+    init: Any
+    update: Any
+    act: Any
+    value: Any
+
+
+class CountingAgent:
+    """An 'agent' that counts updates and reports a NaN loss from update ``nan_from_update`` on."""
+
+    Config = Config
+
+    @staticmethod
+    def validate(config):
+        pass
+
+    @staticmethod
+    def make(config, env, env_params):
+        def init(key):
+            return State(jnp.float32(0), jnp.int32(0))
+
+        def update(state):
+            step = state.update_step + 1
+            loss = jnp.where(step >= config.nan_from_update, jnp.nan, step.astype(jnp.float32))
+            return State(state.counter + 1, step), {"loss": loss, "train_return": state.counter}
+
+        def act(policy, obs, key, greedy=False):
+            return jnp.zeros(obs.shape[0], jnp.int32)
+
+        return Agent(init, update, act, lambda policy, obs: jnp.zeros(obs.shape[0]))
+
+
+def train(tmp_path, **values):
+    env, env_params = registry.make("Probe-ConstantReward")
+    grid = sweep.build_grid({}, values, CountingAgent, loop.build_agent_config)
+    settings = loop.RunSettings(num_seeds=2, chunk_updates=3, eval_episodes=1, progress=False,
+                                checkpoint_every_chunks=1)
+    return loop.run_training(CountingAgent, grid, env, env_params, settings, tmp_path, "counting")
+
+
+def test_nan_stops_at_its_update_and_the_last_good_checkpoint_loads(tmp_path):
+    with pytest.raises(loop.NonFiniteError, match="non-finite loss at update 8;"):
+        train(tmp_path)
+    state, progress = checkpoints.load_raw(tmp_path)
+    assert progress == {"updates_done": 6, "chunks_done": 2}  # chunk 3 (updates 7-9) held the NaN
+    assert state["counter"].tolist() == [6.0, 6.0]
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 2
+
+
+def test_finished_run_checkpoints_its_last_update(tmp_path):
+    result = train(tmp_path, nan_from_update=1e9)
+    assert result["status"] == "completed" and result["updates"] == 12
+    state, progress = checkpoints.load_raw(tmp_path)
+    assert progress["updates_done"] == 12 and state["counter"].tolist() == [12.0, 12.0]
+    assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()) == [9, 12]  # keeps the last two
