@@ -10,7 +10,11 @@ import importlib
 
 from rlx.errors import UnknownNameError
 
-AGENTS = {"ppo": "rlx.agents.ppo"}
+AGENTS = {
+    "a2c": "rlx.agents.a2c",
+    "ppo": "rlx.agents.ppo",
+    "ppo_rnn": "rlx.agents.ppo_rnn",
+}
 
 
 def load(name: str):

@@ -85,9 +85,9 @@ def test_different_seed_gives_different_returns(run_cli, two_identical_runs, tmp
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["+exp=ppo_nothing"], "unknown preset 'ppo_nothing'; valid: ppo_acrobot, ppo_cartpole, ppo_pendulum"),
+        (["+exp=ppo_nothing"], "unknown preset 'ppo_nothing'; valid: ppo_acrobot, ppo_cartpole, ppo_classic, "),
         (["+exp=ppo_cartpole", "env=cartpol"], "unknown env 'cartpol'; valid: acrobot, cartpole,"),
-        (["+exp=ppo_cartpole", "algo=dqn"], "unknown algo 'dqn'; valid: ppo"),
+        (["+exp=ppo_cartpole", "algo=dqn"], "unknown algo 'dqn'; valid: a2c, ppo, ppo_rnn"),
     ],
 )
 def test_unknown_names_list_valid_choices(run_cli, args, message):
@@ -136,4 +136,5 @@ def test_nan_stops_with_update_number_and_keeps_files(run_cli, tmp_path):
 def test_help_lists_presets(run_cli):
     done = run_cli("--help")
     assert done.returncode == 0
-    assert "exp: ppo_acrobot, ppo_cartpole, ppo_pendulum" in done.stdout
+    presets = sorted(p.stem for p in (ROOT / "conf" / "exp").glob("*.yaml"))
+    assert len(presets) >= 3 and f"exp: {', '.join(presets)}" in done.stdout

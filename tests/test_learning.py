@@ -19,7 +19,7 @@ def test_registry_lists_valid_names_for_unknown_env():
     try:
         registry.make("CartPole-v0")
     except ValueError as error:
-        assert "unknown env 'CartPole-v0'; valid: Acrobot-v1, CartPole-v1, MountainCar-v0" in str(error)
+        assert "unknown env 'CartPole-v0'; valid: Acrobot-v1, CartPole-v1, MemoryChain-bsuite, MountainCar-v0" in str(error)
     else:
         raise AssertionError("no error for an unknown environment")
 
@@ -36,7 +36,8 @@ def test_every_registered_environment_steps():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset, threshold", [("ppo_acrobot", -100.0), ("ppo_pendulum", -250.0)])
+@pytest.mark.parametrize("preset, threshold", [("ppo_acrobot", -100.0), ("ppo_pendulum", -250.0),
+                                               ("ppo_rnn_memory", 0.9)])
 def test_slow_presets_reach_their_thresholds(run_cli, tmp_path, preset, threshold):
     done = run_cli(f"+exp={preset}", "logger=none", timeout=600)
     assert done.returncode == 0, done.stderr

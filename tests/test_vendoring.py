@@ -21,12 +21,26 @@ def test_agent_imports_only_allowed_modules(path):
     assert imported - ALLOWED - {"gymnax"} == set(), imported - ALLOWED
 
 
-def test_ppo_file_trains_alone(tmp_path):
-    shutil.copy(ROOT / "rlx" / "agents" / "ppo.py", tmp_path / "ppo.py")
+# file -> (timesteps for its demo, final train return it must beat; a random policy is far below)
+DEMOS = {
+    "a2c.py": (60000, 150.0),  # CartPole: random averages about 22
+    "ppo.py": (40960, 150.0),  # CartPole
+    "ppo_rnn.py": (20480, 0.9),  # MemoryChain: chance is 0, the maximum 1
+}
+
+
+def test_every_agent_file_has_a_demo():
+    assert {p.name for p in AGENT_FILES} <= set(DEMOS), "add the new agent's demo budget to DEMOS"
+
+
+@pytest.mark.parametrize("name", sorted(DEMOS))
+def test_agent_file_trains_alone(tmp_path, name):
+    timesteps, threshold = DEMOS[name]
+    shutil.copy(ROOT / "rlx" / "agents" / name, tmp_path / name)
     done = subprocess.run(
-        [sys.executable, "ppo.py", "--timesteps", "40960"], cwd=tmp_path, capture_output=True, text=True,
+        [sys.executable, name, "--timesteps", str(timesteps)], cwd=tmp_path, capture_output=True, text=True,
         timeout=300, env={"PATH": "/usr/bin:/bin", "PYTHONNOUSERSITE": "1", "HOME": str(tmp_path)},
     )
     assert done.returncode == 0, done.stderr
-    final = float(re.search(r"final train return\s+([\d.]+)", done.stdout).group(1))
-    assert final > 150, done.stdout  # a random policy averages about 22
+    final = float(re.search(r"final train return\s+(-?[\d.]+)", done.stdout).group(1))
+    assert final > threshold, done.stdout

@@ -22,6 +22,8 @@ ENVIRONMENTS = {
     "MountainCar-v0": ("gymnax.environments.classic_control.mountain_car", "MountainCar"),
     "Pendulum-v1": ("gymnax.environments.classic_control.pendulum", "Pendulum"),
     "MountainCarContinuous-v0": ("gymnax.environments.classic_control.continuous_mountain_car", "ContinuousMountainCar"),
+    # bsuite memory task: the cue is seen only at the start (recurrent agents need memory).
+    "MemoryChain-bsuite": ("gymnax.environments.bsuite.memory_chain", "MemoryChain"),
     # Probe tasks with known answers (rlx/envs/probes.py), for debugging agents.
     "Probe-ConstantReward": ("rlx.envs.probes", "ConstantReward"),
     "Probe-ObservationReward": ("rlx.envs.probes", "ObservationReward"),

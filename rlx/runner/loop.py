@@ -121,9 +121,9 @@ class Programs:
             return jax.lax.map(self._agent(config).init, keys)
 
         def run_evaluation(config, policy, keys):
-            act = self._agent(config).act
+            agent = self._agent(config)
             return jax.vmap(
-                lambda p, k: evaluate(act, env, env_params, p, k, settings.eval_episodes, settings.eval_greedy)
+                lambda p, k: evaluate(agent, env, env_params, p, k, settings.eval_episodes, settings.eval_greedy)
             )(policy, keys)
 
         keys = jax.eval_shape(lambda: jax.random.split(jax.random.PRNGKey(0), settings.num_seeds))
