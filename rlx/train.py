@@ -97,6 +97,21 @@ def flatten(tree, prefix: str = "") -> dict:
     return flat if flat or not prefix else {prefix[:-1]: {}}
 
 
+def make_loggers(cfg, run_dir: Path) -> tuple:
+    """Loggers besides the console and metrics.jsonl: wandb when ``logger=wandb``."""
+    if "wandb" not in cfg.logger:
+        return ()
+    from omegaconf import OmegaConf
+
+    from rlx.runner.wandb_logger import WandbLogger
+
+    def warn(message: str) -> None:
+        print(f"warning: {message}", file=sys.stderr)
+
+    return (WandbLogger(OmegaConf.to_container(cfg.logger.wandb, resolve=True),
+                        OmegaConf.to_container(cfg, resolve=True), run_dir, f"{cfg.exp_name}-{run_dir.name}", warn),)
+
+
 def execute(cfg, run_dir: Path, hydra_seconds: float) -> dict:
     """Train one configuration and write every file of its run directory; return the summary."""
     from omegaconf import OmegaConf
@@ -148,12 +163,19 @@ def execute(cfg, run_dir: Path, hydra_seconds: float) -> dict:
     if resume_dir is not None:
         summary["resumed"] = True
     title = f"{cfg.exp_name}"
+    loggers = make_loggers(cfg, run_dir)
     try:
         result = loop.run_training(agent_module, grid, env, env_params, settings, run_dir, title,
-                                   resume_from=Path(resume_dir) if resume_dir else None)
+                                   resume_from=Path(resume_dir) if resume_dir else None, loggers=loggers)
     except loop.NonFiniteError as error:
         summary.update(status="diverged", diverged_at_update=error.update, error=str(error))
         artifacts.write_json_atomic(run_dir / "summary.json", summary)
+        for logger in loggers:
+            logger.finish(summary, [run_dir / "learning_curve.png"])
+        raise
+    except BaseException:
+        for logger in loggers:
+            logger.finish(None, [])
         raise
     result.pop("state")
     summary.update(result)
@@ -162,6 +184,8 @@ def execute(cfg, run_dir: Path, hydra_seconds: float) -> dict:
     summary["compile_cache"] = {"dir": str(cache_dir) if cache_dir else None, "hits": counter.hits,
                                 "misses": counter.misses}
     artifacts.write_json_atomic(run_dir / "summary.json", summary)
+    for logger in loggers:
+        logger.finish(summary, [run_dir / "learning_curve.png"])
     if settings.progress:
         final = summary["final_eval"]
         print(

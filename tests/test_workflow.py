@@ -171,3 +171,39 @@ def test_slurm_launcher_config_composes_with_our_hydra(run_cli):
     from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher  # the plugin imports
 
     assert SlurmLauncher
+
+
+def wandb_env(tmp_path):
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    return {**env, "HOME": str(tmp_path / "home")}
+
+
+def test_wandb_logs_offline_into_the_run_directory(tmp_path):
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "rlx.train", *TINY, "logger=wandb", f"hydra.run.dir={run_dir}",
+                           f"run.compile_cache={TEST_CACHE}"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env=wandb_env(tmp_path), stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    assert "wandb disabled" not in done.stderr
+    (offline,) = (run_dir / "wandb").glob("offline-run-*")
+    (log,) = offline.glob("run-*.wandb")
+    data = log.read_bytes()
+    for logged in (b"eval_return/mean", b"train_return/seed_1", b"final_eval/return_mean", b"learning_curve",
+                   b"ppo_cartpole"):
+        assert logged in data, logged
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+
+
+def test_wandb_that_cannot_start_never_stops_the_run(tmp_path):
+    # Online mode without an API key or network: wandb.init fails, the run goes on without it.
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "rlx.train", *TINY, "logger=wandb", "logger.wandb.mode=online",
+                           f"hydra.run.dir={run_dir}", f"run.compile_cache={TEST_CACHE}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, env=wandb_env(tmp_path),
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    assert "warning: wandb disabled:" in done.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["updates"] == 8

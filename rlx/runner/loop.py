@@ -244,11 +244,12 @@ class Progress:
 
 
 def run_training(agent_module, grid, env, env_params, settings: RunSettings, run_dir: Path, title: str,
-                 resume_from: Path | None = None) -> dict:
+                 resume_from: Path | None = None, loggers: tuple = ()) -> dict:
     """Train every grid point and seed, writing metrics.jsonl as it goes; returns the summary's training part.
 
     With ``resume_from`` the state and progress come from that run's latest
-    checkpoint and the run continues as if it had never stopped.
+    checkpoint and the run continues as if it had never stopped. Each of
+    ``loggers`` (e.g. wandb) gets every metrics record through ``chunk(record)``.
     """
     config = grid.stacked_config()
     base = grid.configs[0]
@@ -306,6 +307,8 @@ def run_training(agent_module, grid, env, env_params, settings: RunSettings, run
             record["steps_per_second"] = steps_this_process / max(run_seconds, 1e-9)
             writer.write(record)
             records.append(record)
+            for logger in loggers:
+                logger.chunk(record)
             reached = (settings.stop_at_return is not None and final_eval is not None and "eval_return" in record
                        and final_eval.mean(axis=2).mean(axis=1).max() >= settings.stop_at_return)
             if checkpointing and ((chunk + 1) % settings.checkpoint_every_chunks == 0 or last or reached):
