@@ -119,30 +119,15 @@ def execute(cfg, run_dir: Path, hydra_seconds: float) -> dict:
     from rlx.runner import compile_cache
 
     tick = time.perf_counter()
-    settings_values = OmegaConf.to_container(cfg.run, resolve=True)
-    cache_setting = settings_values.get("compile_cache")
+    cache_setting = cfg.run.get("compile_cache")
     cache_dir = compile_cache.default_cache_dir() if cache_setting == "default" else cache_setting
     import jax  # noqa: F401  (timed as part of the imports)
-    import logging
 
-    logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
-    logging.getLogger("absl").setLevel(logging.WARNING)  # orbax reports every save at INFO
+    from rlx.runner import artifacts, components, loop
 
-    from rlx import algorithms
-    from rlx.envs import registry
-    from rlx.runner import artifacts, loop, sweep
-
-    algo_values = OmegaConf.to_container(cfg.algo, resolve=True)
-    agent_module = algorithms.load(algo_values.pop("name"))
-    env_values = OmegaConf.to_container(cfg.env, resolve=True)
-    env, env_params = registry.make(env_values["name"], **(env_values.get("params") or {}))
+    parts = components.build(cfg)
     import_seconds = hydra_seconds + time.perf_counter() - tick
-
-    sweep_values = OmegaConf.to_container(cfg.sweep, resolve=True) if cfg.get("sweep") else {}
-    grid = sweep.build_grid(sweep_values, algo_values, agent_module, loop.build_agent_config)
-    settings_values["progress"] = bool(cfg.logger.progress)
-    resume_dir = settings_values.pop("resume", None)
-    settings = loop.RunSettings.from_dict(settings_values)
+    settings, resume_dir = parts.settings, parts.resume
     counter = compile_cache.enable(cache_dir)
 
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -152,7 +137,7 @@ def execute(cfg, run_dir: Path, hydra_seconds: float) -> dict:
     summary = {
         "experiment": cfg.exp_name,
         "algo": cfg.algo.name,
-        "env": env_values["name"],
+        "env": parts.env_name,
         "num_seeds": settings.num_seeds,
         "seed": settings.seed,
         "config_hash": artifacts.config_hash(config_yaml),
@@ -165,7 +150,7 @@ def execute(cfg, run_dir: Path, hydra_seconds: float) -> dict:
     title = f"{cfg.exp_name}"
     loggers = make_loggers(cfg, run_dir)
     try:
-        result = loop.run_training(agent_module, grid, env, env_params, settings, run_dir, title,
+        result = loop.run_training(parts.agent_module, parts.grid, parts.env, parts.env_params, settings, run_dir, title,
                                    resume_from=Path(resume_dir) if resume_dir else None, loggers=loggers)
     except loop.NonFiniteError as error:
         summary.update(status="diverged", diverged_at_update=error.update, error=str(error))

@@ -51,24 +51,28 @@ class Checkpointer:
         self._manager.close()
 
 
-def restore_latest(run_dir: Path, abstract_state) -> tuple[object, dict]:
-    """(state, progress) of the newest complete checkpoint in ``run_dir``; ConfigError if none is readable."""
+def restore_latest(run_dir: Path, abstract_state, label: str | None = None) -> tuple[object, dict]:
+    """(state, progress) of the newest complete checkpoint in ``run_dir``; ConfigError if none is readable.
+
+    ``label`` starts each error message (default ``run.resume=RUN_DIR``).
+    """
+    label = label or f"run.resume={run_dir}"
     import orbax.checkpoint as ocp
 
     directory = (Path(run_dir) / CHECKPOINT_SUBDIR).resolve()
     if not directory.is_dir():
-        raise ConfigError(f"run.resume={run_dir}: no checkpoint directory {directory}")
+        raise ConfigError(f"{label}: no checkpoint directory {directory}")
     manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(create=False))
     try:
         step = manager.latest_step()
         if step is None:
-            raise ConfigError(f"run.resume={run_dir}: {directory} holds no complete checkpoint")
+            raise ConfigError(f"{label}: {directory} holds no complete checkpoint")
         try:
             restored = manager.restore(step, args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(abstract_state), progress=ocp.args.JsonRestore()))
         except Exception as error:  # orbax raises many types for damaged or mismatched files
             reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise ConfigError(f"run.resume={run_dir}: checkpoint {directory / str(step)} is unreadable "
+            raise ConfigError(f"{label}: checkpoint {directory / str(step)} is unreadable "
                               f"or does not match this configuration ({reason[:200]})") from None
     finally:
         manager.close()

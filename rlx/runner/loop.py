@@ -109,7 +109,8 @@ class Programs:
     points differ only by their hyper-parameters.
     """
 
-    def __init__(self, agent_module, config, env, env_params, settings: RunSettings, swept: bool):
+    def __init__(self, agent_module, config, env, env_params, settings: RunSettings, swept: bool,
+                 training: bool = True):
         self.agent_module, self.config, self.env, self.env_params = agent_module, config, env, env_params
         self.swept = swept
         self.compile_seconds = 0.0
@@ -127,8 +128,9 @@ class Programs:
             )(policy, keys)
 
         keys = jax.eval_shape(lambda: jax.random.split(jax.random.PRNGKey(0), settings.num_seeds))
-        self.init = self._compile(self._over_grid(init, (0, None)), config, keys)
-        self.state_shape = self.init.out_info
+        init = jax.jit(self._over_grid(init, (0, None)))
+        self.state_shape = init.eval_shape(config, keys)  # traced once: lowering below reuses it
+        self.init = self._compile(init, config, keys) if training else None
         self.evaluate = self._compile(self._over_grid(run_evaluation, (0, 0, None)), config, self.state_shape.policy, keys)
 
     def _agent(self, config):
@@ -139,7 +141,7 @@ class Programs:
 
     def _compile(self, fn, *args):
         start = time.perf_counter()
-        compiled = jax.jit(fn).lower(*args).compile()
+        compiled = (fn if hasattr(fn, "lower") else jax.jit(fn)).lower(*args).compile()
         self.compile_seconds += time.perf_counter() - start
         return compiled
 

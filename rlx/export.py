@@ -1,0 +1,80 @@
+"""Trained rlx policies outside JAX loops: a Gymnasium adapter.
+
+    policy = GymnasiumPolicy("runs/ppo_cartpole/<time>")
+    returns = gymnasium_returns(policy, "CartPole-v1", episodes=20)
+
+The policy takes one NumPy observation and returns an action Gymnasium
+accepts; ``reset()`` at each episode start clears a recurrent agent's memory.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class GymnasiumPolicy:
+    """The policy of one seed (and sweep point: default the best) of a trained run, as ``obs -> action``."""
+
+    def __init__(self, run_dir, seed: int = 0, point: int | None = None, greedy: bool = True, key_seed: int = 0):
+        import jax
+
+        from rlx.runner import components
+        from rlx.runner.evaluation import stateful_act
+
+        run = components.load_trained(run_dir)
+        if point is None:
+            point = best_point(run_dir)
+        if not 0 <= seed < run.parts.settings.num_seeds:
+            raise ValueError(f"seed={seed}: the run has seeds 0..{run.parts.settings.num_seeds - 1}")
+        self.env_name = run.parts.env_name
+        self.discrete = hasattr(run.parts.env.action_space(run.parts.env_params), "n")
+        act, init_memory = stateful_act(run.agent(point))
+        policy = run.policy(point, seed)
+        self._act = jax.jit(lambda memory, obs, reset, key: act(policy, memory, obs[None], reset[None], key, greedy))
+        self._init_memory = init_memory
+        self._key = jax.random.PRNGKey(key_seed)
+        self.reset()
+
+    def reset(self) -> None:
+        self._memory, self._starting = self._init_memory(1), True
+
+    def __call__(self, obs):
+        import jax
+
+        self._key, key = jax.random.split(self._key)
+        self._memory, action = self._act(self._memory, np.asarray(obs, np.float32), np.array(self._starting), key)
+        self._starting = False
+        action = np.asarray(action[0])
+        return int(action) if self.discrete else action.astype(np.float32)
+
+
+def best_point(run_dir) -> int:
+    """Index of the best sweep point in summary.json (0 when the run had no sweep or no summary)."""
+    import json
+    from pathlib import Path
+
+    summary = Path(run_dir) / "summary.json"
+    if not summary.exists():
+        return 0
+    return json.loads(summary.read_text()).get("sweep", {}).get("best", {}).get("index", 0)
+
+
+def gymnasium_returns(policy: GymnasiumPolicy, env_id: str | None = None, episodes: int = 10, seed: int = 0):
+    """Undiscounted returns of ``episodes`` Gymnasium episodes (env_id defaults to the run's environment)."""
+    import gymnasium
+
+    env = gymnasium.make(env_id or policy.env_name)
+    returns = []
+    try:
+        for episode in range(episodes):
+            obs, _ = env.reset(seed=seed + episode)
+            policy.reset()
+            total, done = 0.0, False
+            while not done:
+                obs, reward, terminated, truncated, _ = env.step(policy(obs))
+                total += float(reward)
+                done = terminated or truncated
+            returns.append(total)
+    finally:
+        env.close()
+    return np.array(returns)
