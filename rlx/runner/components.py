@@ -77,7 +77,7 @@ def load_trained(run_dir, **run_overrides) -> TrainedRun:
     from omegaconf import OmegaConf
 
     from rlx.errors import ConfigError
-    from rlx.runner import checkpoints, compile_cache, loop
+    from rlx.runner import checkpoints, compile_cache, devices, loop
 
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
@@ -85,7 +85,8 @@ def load_trained(run_dir, **run_overrides) -> TrainedRun:
     parts = build(OmegaConf.load(run_dir / "config.yaml"), progress=False, **run_overrides)
     cache = parts.settings.compile_cache
     compile_cache.enable(compile_cache.default_cache_dir() if cache == "default" else cache)
+    layout = devices.plan(parts.settings.num_seeds, parts.grid.size, parts.grid.swept)
     programs = loop.Programs(parts.agent_module, parts.grid.stacked_config(), parts.env, parts.env_params,
-                             parts.settings, parts.grid.swept, training=False)
-    state, progress = checkpoints.restore_latest(run_dir, programs.state_shape, label=f"run_dir={run_dir}")
+                             parts.settings, parts.grid.swept, training=False, layout=layout)
+    state, progress = checkpoints.restore_latest(run_dir, programs.abstract_state(), label=f"run_dir={run_dir}")
     return TrainedRun(parts, programs, state, progress)

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from rlx.errors import ConfigError
-from rlx.runner import artifacts, checkpoints
+from rlx.runner import artifacts, checkpoints, devices
 from rlx.runner.console import ProgressView
 from rlx.runner.evaluation import evaluate
 
@@ -110,9 +110,10 @@ class Programs:
     """
 
     def __init__(self, agent_module, config, env, env_params, settings: RunSettings, swept: bool,
-                 training: bool = True):
+                 training: bool = True, layout: devices.Layout | None = None):
         self.agent_module, self.config, self.env, self.env_params = agent_module, config, env, env_params
         self.swept = swept
+        self.layout = layout or devices.Layout(None, False, swept)
         self.compile_seconds = 0.0
         self._chunks = {}
 
@@ -127,21 +128,53 @@ class Programs:
                 lambda p, k: evaluate(agent, env, env_params, p, k, settings.eval_episodes, settings.eval_greedy)
             )(policy, keys)
 
+        # Where the seed axis sits: state [grid?, seed, ...], chunk metrics [grid?, update, seed],
+        # evaluation returns [grid?, seed, episode]; keys [seed] are shared by every grid point.
+        state_spec = self._spec(1 if swept else 0)
+        keys_spec = self._spec(0) if not self.layout.split_grid else self._replicated()
         keys = jax.eval_shape(lambda: jax.random.split(jax.random.PRNGKey(0), settings.num_seeds))
-        init = jax.jit(self._over_grid(init, (0, None)))
+        init = self._program(self._over_grid(init, (0, None)), (self._config_spec(), keys_spec), state_spec)
         self.state_shape = init.eval_shape(config, keys)  # traced once: lowering below reuses it
+        self.state_sharding = state_spec and jax.tree.map(lambda _: self.layout.sharding(state_spec), self.state_shape)
         self.init = self._compile(init, config, keys) if training else None
-        self.evaluate = self._compile(self._over_grid(run_evaluation, (0, 0, None)), config, self.state_shape.policy, keys)
+        evaluation = self._program(self._over_grid(run_evaluation, (0, 0, None)),
+                                   (self._config_spec(), state_spec, keys_spec), state_spec)
+        self.evaluate = self._compile(evaluation, config, self.state_shape.policy, keys)
 
     def _agent(self, config):
         return self.agent_module.make(config, self.env, self.env_params)
 
+    def abstract_state(self):
+        """Shapes, dtypes and (with several devices) shardings of the state: the target of a restore."""
+        if self.state_sharding is None:
+            return self.state_shape
+        return jax.tree.map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
+                            self.state_shape, self.state_sharding)
+
     def _over_grid(self, fn, in_axes):
         return jax.vmap(fn, in_axes=in_axes) if self.swept else fn
 
-    def _compile(self, fn, *args):
+    def _spec(self, seed_axis: int):
+        return self.layout.spec(seed_axis) if self.layout.active else None
+
+    def _replicated(self):
+        return self.layout.replicated() if self.layout.active else None
+
+    def _config_spec(self):
+        return self._spec(0) if self.layout.split_grid else self._replicated()
+
+    def _program(self, fn, in_specs: tuple, out_specs):
+        """``jit(fn)``; with several devices, each runs ``fn`` on its slice of the batch (``shard_map``)."""
+        if not self.layout.active:
+            return jax.jit(fn)
+        mapped = jax.shard_map(fn, mesh=self.layout.mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+        shardings = jax.tree.map(self.layout.sharding, (in_specs, out_specs),
+                                 is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+        return jax.jit(mapped, in_shardings=shardings[0], out_shardings=shardings[1])
+
+    def _compile(self, program, *args):
         start = time.perf_counter()
-        compiled = (fn if hasattr(fn, "lower") else jax.jit(fn)).lower(*args).compile()
+        compiled = program.lower(*args).compile()
         self.compile_seconds += time.perf_counter() - start
         return compiled
 
@@ -159,7 +192,11 @@ class Programs:
                 update = jax.vmap(self._agent(config).update)
                 return jax.lax.scan(lambda s, _: update(s), state, None, num_updates)
 
-            self._chunks[num_updates] = self._compile(self._over_grid(run_chunk, (0, 0)), self.config, self.state_shape)
+            state_spec = self._spec(1 if self.swept else 0)
+            metrics_spec = self._spec(2 if self.swept else 1)
+            program = self._program(self._over_grid(run_chunk, (0, 0)), (self._config_spec(), state_spec),
+                                    (state_spec, metrics_spec))
+            self._chunks[num_updates] = self._compile(program, self.config, self.state_shape)
         return self._chunks[num_updates]
 
     def chunk(self, state, num_updates: int):
@@ -268,13 +305,16 @@ def run_training(agent_module, grid, env, env_params, settings: RunSettings, run
     records: list[dict] = []
     status, final_eval, checkpointer, writer = "completed", None, None, None
     try:
-        programs = Programs(agent_module, config, env, env_params, settings, grid.swept)
+        layout = devices.plan(settings.num_seeds, grid.size, grid.swept)
+        if jax.device_count() > 1:
+            view.message(devices.explain(layout, settings.num_seeds, grid.size))
+        programs = Programs(agent_module, config, env, env_params, settings, grid.swept, layout=layout)
         root_key = jax.random.PRNGKey(settings.seed)
         train_key, eval_root = jax.random.split(root_key)
         programs.chunk_program(chunk_updates)  # compiled before the clock starts
         if resume_from is not None:
             orbax_import.join()
-            state, progress = checkpoints.restore_latest(resume_from, programs.state_shape)
+            state, progress = checkpoints.restore_latest(resume_from, programs.abstract_state())
             progress = Progress(**progress)
             records = artifacts.truncate_metrics(metrics_path, progress.updates_done)
         else:
@@ -343,6 +383,7 @@ def run_training(agent_module, grid, env, env_params, settings: RunSettings, run
         "chunks": progress.chunks_done,
         "chunk_updates": chunk_updates,
         "compile_seconds": programs.compile_seconds,
+        "devices": devices.explain(layout, settings.num_seeds, grid.size),
         "run_seconds": run_seconds,
         "steps_per_second": steps_this_process / max(run_seconds, 1e-9),
         "state": state,

@@ -1,0 +1,69 @@
+"""Spreading the seeds (or sweep points) of a run over every local device.
+
+With more than one device, each program runs under ``jax.shard_map`` on a 1-D
+``Mesh``: every device gets an equal slice of the seed axis (or, when the
+seeds do not divide evenly but the grid points do, of the grid axis) and runs
+the same per-seed computation as a single device would. Seeds never interact,
+so the results equal the single-device run's. Multi-host clusters call
+``jax.distributed.initialize()`` first; the mesh then spans every process's
+devices (see the README).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+AXIS = "batch"
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Which axis of the run's arrays is split over devices; ``None`` when running on one device."""
+
+    mesh: Mesh | None
+    split_grid: bool  # True: the grid axis is split; False: the seed axis
+    swept: bool
+
+    @property
+    def active(self) -> bool:
+        return self.mesh is not None
+
+    def spec(self, seed_axis: int) -> PartitionSpec:
+        """Spec of an array whose seed axis is at ``seed_axis`` (the grid axis, if swept, is axis 0)."""
+        if self.split_grid:
+            return PartitionSpec(AXIS)
+        return PartitionSpec(*([None] * seed_axis), AXIS)
+
+    def replicated(self) -> PartitionSpec:
+        return PartitionSpec()
+
+    def sharding(self, spec: PartitionSpec) -> NamedSharding:
+        return NamedSharding(self.mesh, spec)
+
+
+def plan(num_seeds: int, grid_size: int, swept: bool, devices=None) -> Layout:
+    """Split seeds if they divide evenly over the devices, else grid points, else stay on one device."""
+    devices = list(devices if devices is not None else jax.devices())
+    count = len(devices)
+    if count == 1:
+        return Layout(None, False, swept)
+    if num_seeds % count == 0:
+        return Layout(Mesh(devices, (AXIS,)), False, swept)
+    if swept and grid_size % count == 0:
+        return Layout(Mesh(devices, (AXIS,)), True, swept)
+    return Layout(None, False, swept)
+
+
+def explain(layout: Layout, num_seeds: int, grid_size: int) -> str:
+    """One line for the console about where the run executes."""
+    count = jax.device_count()
+    if layout.active:
+        what = "sweep points" if layout.split_grid else "seeds"
+        return f"{count} devices: {what} split {num_seeds if not layout.split_grid else grid_size} / {count}"
+    if count > 1:
+        return (f"{count} devices, but neither num_seeds={num_seeds} nor the {grid_size} sweep points divide "
+                f"evenly: running on one device")
+    return f"1 device ({jax.devices()[0].platform})"
