@@ -1,8 +1,9 @@
 # Two commands on a fresh machine: `make train` and `make test`.
 PYTHON ?= python3
+EXTRAS ?=   # e.g. `make train EXTRAS=cuda` on an NVIDIA GPU machine, EXTRAS=tpu on a TPU VM
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+STAMP := $(VENV)/.installed$(if $(strip $(EXTRAS)),-$(strip $(EXTRAS)))
 DEV_STAMP := $(VENV)/.installed-dev
 
 .PHONY: train test test-all bench clean
@@ -12,7 +13,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e .
+	$(BIN)/pip install --quiet -e ".$(if $(strip $(EXTRAS)),[$(strip $(EXTRAS))])"
 	touch $@
 
 $(DEV_STAMP): pyproject.toml $(STAMP)
