@@ -85,9 +85,12 @@ def test_different_seed_gives_different_returns(run_cli, two_identical_runs, tmp
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["+exp=ppo_nothing"], "unknown preset 'ppo_nothing'; valid: ppo_acrobot, ppo_cartpole, ppo_classic, "),
-        (["+exp=ppo_cartpole", "env=cartpol"], "unknown env 'cartpol'; valid: acrobot, cartpole,"),
-        (["+exp=ppo_cartpole", "algo=dqn"], "unknown algo 'dqn'; valid: a2c, ppo, ppo_rnn"),
+        (["+exp=ppo_nothing"], "unknown preset 'ppo_nothing'; valid: "
+         + ", ".join(sorted(p.stem for p in (ROOT / "conf" / "exp").glob("*.yaml")))),
+        (["+exp=ppo_cartpole", "env=cartpol"], "unknown env 'cartpol'; valid: "
+         + ", ".join(sorted(p.stem for p in (ROOT / "conf" / "env").glob("*.yaml")))),
+        (["+exp=ppo_cartpole", "algo=dqn"], "unknown algo 'dqn'; valid: "
+         + ", ".join(sorted(p.stem for p in (ROOT / "conf" / "algo").glob("*.yaml")))),
     ],
 )
 def test_unknown_names_list_valid_choices(run_cli, args, message):

@@ -25,11 +25,16 @@ def test_registry_lists_valid_names_for_unknown_env():
         raise AssertionError("no error for an unknown environment")
 
 
-def test_every_registered_environment_steps():
+def test_every_registered_single_agent_gymnax_environment_steps():
+    """Brax and the multi-agent environments have their own tests (test_envs_suites, test_jaxmarl, test_multi_agent_env)."""
     import jax
 
     for name in registry.names():
+        if registry.ENVIRONMENTS[name][0] in registry.OPTIONAL_PACKAGES:
+            continue
         env, params = registry.make(name)
+        if hasattr(env, "num_agents"):  # multi-agent: tests/test_multi_agent_env.py
+            continue
         obs, state = env.reset(jax.random.PRNGKey(0), params)
         action = env.action_space(params).sample(jax.random.PRNGKey(1))
         out = env.step(jax.random.PRNGKey(2), state, action, params)

@@ -6,7 +6,8 @@ vectorise). Subclasses implement ``reset_env``, ``step_env``, ``world_state``
 and the spaces; ``step`` adds auto-reset exactly like gymnax 1.0:
 
 - ``terminated[i]``: agent ``i`` is finished (reached its end or died) and
-  stays so until the episode resets; ``alive(state)`` is its negation by default.
+  stays so until the episode resets; ``alive(state)`` says which agents still act
+  (all of them by default; environments with deaths override it).
 - ``truncated``: the time limit, the same for every agent (broadcast to ``[n]``).
 - The episode ends when every agent is terminated or at truncation; then the
   environment resets and ``info`` keeps the pre-reset ``final_observation``

@@ -15,7 +15,8 @@ import types
 
 from rlx.errors import ConfigError, UnknownNameError
 
-# name -> (module, class). Modules are imported only when the environment is made.
+# name -> (module, class) or (module, class, constructor keyword arguments).
+# Modules are imported only when the environment is made.
 ENVIRONMENTS = {
     "CartPole-v1": ("gymnax.environments.classic_control.cartpole", "CartPole"),
     "Acrobot-v1": ("gymnax.environments.classic_control.acrobot", "Acrobot"),
@@ -24,6 +25,23 @@ ENVIRONMENTS = {
     "MountainCarContinuous-v0": ("gymnax.environments.classic_control.continuous_mountain_car", "ContinuousMountainCar"),
     # bsuite memory task: the cue is seen only at the start (recurrent agents need memory).
     "MemoryChain-bsuite": ("gymnax.environments.bsuite.memory_chain", "MemoryChain"),
+    # MinAtar: 10x10xC grids of 0/1 (float32), discrete actions.
+    "Asterix-MinAtar": ("gymnax.environments.minatar.asterix", "MinAsterix"),
+    "Breakout-MinAtar": ("gymnax.environments.minatar.breakout", "MinBreakout"),
+    "Freeway-MinAtar": ("gymnax.environments.minatar.freeway", "MinFreeway"),
+    "SpaceInvaders-MinAtar": ("gymnax.environments.minatar.space_invaders", "MinSpaceInvaders"),
+    # Brax physics (optional dependency: pip install -e .[brax]), adapted in rlx/envs/brax.py;
+    # spring backend, episodes truncated at params.max_steps_in_episode (1000).
+    "brax-ant": ("rlx.envs.brax", "BraxEnv", {"env_name": "ant"}),
+    "brax-halfcheetah": ("rlx.envs.brax", "BraxEnv", {"env_name": "halfcheetah"}),
+    "brax-hopper": ("rlx.envs.brax", "BraxEnv", {"env_name": "hopper"}),
+    "brax-inverted_pendulum": ("rlx.envs.brax", "BraxEnv", {"env_name": "inverted_pendulum"}),
+    # Our cooperative multi-agent probe (rlx/envs/coop.py): optimum 6.67, teammate-blind bound 2.67.
+    "Coop": ("rlx.envs.coop", "Coop"),
+    # JaxMARL multi-agent environments in the array-per-agent contract (rlx/envs/jaxmarl.py; extra [marl]).
+    "mpe_spread": ("rlx.envs.jaxmarl", "make_jaxmarl", {"name": "MPE_simple_spread_v3"}),
+    "smax_3m": ("rlx.envs.jaxmarl", "make_jaxmarl", {"name": "3m"}),
+    "smax_2s3z": ("rlx.envs.jaxmarl", "make_jaxmarl", {"name": "2s3z"}),
     # Probe tasks with known answers (rlx/envs/probes.py), for debugging agents.
     "Probe-ConstantReward": ("rlx.envs.probes", "ConstantReward"),
     "Probe-ObservationReward": ("rlx.envs.probes", "ObservationReward"),
@@ -33,16 +51,26 @@ ENVIRONMENTS = {
 }
 
 
+# Environment modules that need an optional dependency: module -> the package it imports.
+OPTIONAL_PACKAGES = {"rlx.envs.brax": "brax", "rlx.envs.jaxmarl": "jaxmarl"}
+
+
 def names() -> list[str]:
     return sorted(ENVIRONMENTS)
+
+
+def installed(name: str) -> bool:
+    """Whether the packages that ``make(name)`` needs are installed (brax is the optional extra ``[brax]``)."""
+    package = OPTIONAL_PACKAGES.get(ENVIRONMENTS[name][0])
+    return package is None or importlib.util.find_spec(package) is not None
 
 
 def make(name: str, **param_overrides):
     """Return ``(env, env_params)`` for a registered name; overrides replace default parameters."""
     if name not in ENVIRONMENTS:
         raise UnknownNameError("env", name, names())
-    module_name, class_name = ENVIRONMENTS[name]
-    env = getattr(import_env_module(module_name), class_name)()
+    module_name, class_name, *kwargs = ENVIRONMENTS[name]
+    env = getattr(import_env_module(module_name), class_name)(**(kwargs[0] if kwargs else {}))
     params = env.default_params
     valid = {f.name for f in dataclasses.fields(params)}
     unknown = sorted(set(param_overrides) - valid)

@@ -21,13 +21,23 @@ def stateful_act(agent):
     return act, lambda batch_size: ()
 
 
+def is_multi_agent(env) -> bool:
+    """Whether ``env`` follows the array-per-agent contract (``rlx.envs.multi_agent``): a subclass or ``num_agents``."""
+    from rlx.envs.multi_agent import MultiAgentEnv
+
+    return isinstance(env, MultiAgentEnv) or hasattr(env, "num_agents")
+
+
 def evaluate(agent, env, env_params, policy, key, num_episodes: int, greedy: bool, num_steps: int | None = None):
     """Undiscounted returns of ``num_episodes`` parallel episodes, shape ``[num_episodes]``.
 
     Runs ``max_steps_in_episode`` steps (or ``num_steps``); each episode's return
     stops accumulating at its first termination or truncation, so auto-reset
     episodes are never counted. A recurrent agent's memory starts empty.
+    Multi-agent environments get ``evaluate_multi_agent`` (team returns).
     """
+    if is_multi_agent(env):
+        return evaluate_multi_agent(agent, env, env_params, policy, key, num_episodes, greedy, num_steps)
     act, init_memory = stateful_act(agent)
     reset_key, key = jax.random.split(key)
     obs, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(reset_key, num_episodes), env_params)
@@ -46,5 +56,48 @@ def evaluate(agent, env, env_params, policy, key, num_episodes: int, greedy: boo
 
     starts = jnp.ones(num_episodes, bool)  # every first observation starts an episode
     carry = (obs, state, init_memory(num_episodes), starts, jnp.zeros(num_episodes), jnp.ones(num_episodes), key)
+    (*_, returns, _, _), _ = jax.lax.scan(step, carry, None, num_steps or int(env_params.max_steps_in_episode))
+    return returns
+
+
+def evaluate_multi_agent(agent, env, env_params, policy, key, num_episodes: int, greedy: bool,
+                         num_steps: int | None = None):
+    """Team returns of ``num_episodes`` parallel episodes of a multi-agent environment, shape ``[num_episodes]``.
+
+    The team return is the mean over agents of each agent's summed rewards,
+    counted until ``info["episode_over"]`` (every agent terminated, or the time
+    limit); auto-reset episodes are never counted. Actions respect
+    ``env.action_mask``: the agent is called as ``act(policy, obs, key, greedy,
+    mask)``, or ``act(policy, carry, obs, reset, key, greedy, mask) -> (carry,
+    action)`` when it has ``init_carry`` (a recurrent agent; memory starts empty).
+    """
+    recurrent = hasattr(agent, "init_carry")
+    has_mask = hasattr(env, "action_mask")
+    batched = lambda fn: jax.vmap(fn, in_axes=(0, None))  # noqa: E731
+    reset_key, key = jax.random.split(key)
+    obs, state = batched(env.reset)(jax.random.split(reset_key, num_episodes), env_params)
+
+    def step(carry, _):
+        obs, state, memory, reset, returns, running, key = carry
+        key, act_key, step_key = jax.random.split(key, 3)
+        mask = batched(env.action_mask)(state, env_params) if has_mask else None
+        if recurrent:
+            memory, action = agent.act(policy, memory, obs, reset, act_key, greedy, mask)
+        else:
+            action = agent.act(policy, obs, act_key, greedy, mask)
+        obs, state, reward, terminated, truncated, info = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
+            jax.random.split(step_key, num_episodes), state, action, env_params
+        )
+        if "episode_over" in info:
+            over = info["episode_over"]
+        else:
+            over = jnp.logical_or(jnp.all(terminated, -1), truncated[..., 0])
+        returns = returns + reward.mean(-1) * running
+        running = running * (1.0 - over)
+        return (obs, state, memory, over, returns, running, key), None
+
+    memory = agent.init_carry(num_episodes) if recurrent else ()
+    starts = jnp.ones(num_episodes, bool)
+    carry = (obs, state, memory, starts, jnp.zeros(num_episodes), jnp.ones(num_episodes), key)
     (*_, returns, _, _), _ = jax.lax.scan(step, carry, None, num_steps or int(env_params.max_steps_in_episode))
     return returns

@@ -1,0 +1,176 @@
+"""MinAtar and brax through the registry: spaces, stepping under jit and vmap, the brax adapter's episode ends.
+
+Each environment compiles one reset and one rollout program (``programs``), shared by
+every test here; episode lengths are parameters (traced), so changing them does not
+recompile. Brax tests skip when brax is not installed (``pip install -e .[brax]``).
+"""
+
+import functools
+import importlib.util
+import json
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlx.envs import registry
+from rlx.errors import ConfigError
+
+HAS_BRAX = importlib.util.find_spec("brax") is not None
+needs_brax = pytest.mark.skipif(not HAS_BRAX, reason="brax is not installed; pip install -e .[brax]")
+# brax 0.14.2 reads two MuJoCo 4 fields the old way while tracing (still correct, deprecated).
+pytestmark = pytest.mark.filterwarnings("ignore:Accessing .* directly from `Data` is deprecated:DeprecationWarning")
+
+# name -> (observation shape, number of actions or size of the action vector); observations are float32
+MINATAR = {
+    "Asterix-MinAtar": ((10, 10, 4), 5),
+    "Breakout-MinAtar": ((10, 10, 4), 3),
+    "Freeway-MinAtar": ((10, 10, 7), 3),
+    "SpaceInvaders-MinAtar": ((10, 10, 6), 4),
+}
+BRAX = {
+    "brax-ant": ((27,), 8),
+    "brax-halfcheetah": ((17,), 6),
+    "brax-hopper": ((11,), 3),
+    "brax-inverted_pendulum": ((4,), 1),
+}
+NUM_ENVS, NUM_STEPS = 2, 4
+# A brax step is a large program: without LLVM's expensive optimisations XLA compiles these
+# (which run a few steps only) about 1.6x faster on CPU; the brax tests are mostly compile time.
+FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
+
+@functools.cache
+def programs(name):
+    """``(env, params, reset, rollout)``: jitted, vmapped over ``NUM_ENVS`` environments.
+
+    ``rollout(key, state, actions[NUM_STEPS, NUM_ENVS, ...], params)`` returns the last
+    state and, per step, (obs, reward, terminated, truncated, final_observation, time).
+    """
+    env, params = registry.make(name)
+    vmapped_reset = jax.vmap(env.reset, in_axes=(0, None))
+    vmapped_step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
+
+    def rollout(key, state, actions, params):
+        def step(state, inputs):
+            key, action = inputs
+            obs, state, reward, terminated, truncated, info = vmapped_step(
+                jax.random.split(key, NUM_ENVS), state, action, params
+            )
+            return state, (obs, reward, terminated, truncated, info["final_observation"], state.time)
+
+        return jax.lax.scan(step, state, (jax.random.split(key, NUM_STEPS), actions))
+
+    keys = jax.random.split(jax.random.PRNGKey(0), NUM_ENVS)
+    state = jax.eval_shape(vmapped_reset, keys, params)[1]
+    actions = jax.eval_shape(lambda key: random_actions(env, params, key), jax.random.PRNGKey(0))
+    reset = jax.jit(vmapped_reset).lower(keys, params).compile(FAST_COMPILE)
+    rollout = jax.jit(rollout).lower(jax.random.PRNGKey(0), state, actions, params).compile(FAST_COMPILE)
+    return env, params, reset, rollout
+
+
+def random_actions(env, params, key):
+    keys = jax.random.split(key, NUM_STEPS * NUM_ENVS).reshape(NUM_STEPS, NUM_ENVS, -1)
+    return jax.vmap(jax.vmap(env.action_space(params).sample))(keys)
+
+
+def constant_actions(env, params, value):
+    return jnp.full((NUM_STEPS, NUM_ENVS) + env.action_space(params).shape, value, jnp.float32)
+
+
+@pytest.mark.parametrize(
+    "name", list(MINATAR) + [pytest.param(name, marks=needs_brax) for name in BRAX]
+)
+def test_entry_resets_and_steps_under_jit_and_vmap(name):
+    obs_shape, num_actions = {**MINATAR, **BRAX}[name]
+    env, params, reset, rollout = programs(name)
+    observation_space, action_space = env.observation_space(params), env.action_space(params)
+    assert observation_space.shape == obs_shape and observation_space.dtype == jnp.float32
+    if name in MINATAR:
+        assert action_space.n == num_actions and action_space.dtype == jnp.int32
+    else:
+        assert action_space.shape == (num_actions,) and action_space.dtype == jnp.float32
+        assert float(action_space.low) == -1.0 and float(action_space.high) == 1.0
+
+    obs, state = reset(jax.random.split(jax.random.PRNGKey(0), NUM_ENVS), params)
+    assert obs.shape == (NUM_ENVS,) + obs_shape and obs.dtype == jnp.float32
+    actions = random_actions(env, params, jax.random.PRNGKey(1))
+    assert actions.shape == (NUM_STEPS, NUM_ENVS) + action_space.shape
+    state, (obs, reward, terminated, truncated, final_obs, time) = rollout(jax.random.PRNGKey(2), state, actions, params)
+    assert obs.shape == final_obs.shape == (NUM_STEPS, NUM_ENVS) + obs_shape and obs.dtype == jnp.float32
+    assert reward.shape == terminated.shape == truncated.shape == (NUM_STEPS, NUM_ENVS)
+    assert terminated.dtype == truncated.dtype == jnp.bool_
+    assert jnp.issubdtype(reward.dtype, jnp.floating)
+    assert np.isfinite(obs).all() and np.isfinite(reward).all()
+    if name in MINATAR:
+        assert set(np.unique(obs).tolist()) <= {0.0, 1.0}  # one-hot channels
+    done = np.asarray(terminated | truncated)
+    for i in range(NUM_ENVS):  # the state's clock counts steps until the episode's first end
+        end = int(np.argmax(done[:, i])) if done[:, i].any() else NUM_STEPS
+        np.testing.assert_array_equal(time[:end, i], np.arange(1, end + 1))
+
+
+@needs_brax
+def test_brax_time_limit_truncates_resets_and_keeps_the_last_observation():
+    env, params, reset, rollout = programs("brax-inverted_pendulum")
+    _, state0 = reset(jax.random.split(jax.random.PRNGKey(3), NUM_ENVS), params)
+    zero = constant_actions(env, params, 0.0)  # the pole needs ~50 steps to fall without a push
+    key = jax.random.PRNGKey(4)
+    _, (obs, _, terminated, truncated, final_obs, time) = rollout(key, state0, zero, params.replace(max_steps_in_episode=3))
+    _, (free_obs, _, free_terminated, free_truncated, _, _) = rollout(key, state0, zero, params)
+
+    assert not terminated.any() and not free_terminated.any() and not free_truncated.any()
+    np.testing.assert_array_equal(truncated, [[False] * NUM_ENVS, [False] * NUM_ENVS, [True] * NUM_ENVS, [False] * NUM_ENVS])
+    np.testing.assert_array_equal(time[:, 0], [1, 2, 0, 1])
+    # Before the limit the observation is the state's; at the limit, final_observation is the
+    # observation the episode really ended in (the untruncated run's third one), obs the reset's.
+    np.testing.assert_array_equal(final_obs[:2], obs[:2])
+    np.testing.assert_allclose(final_obs[2], free_obs[2], atol=1e-6)
+    assert np.abs(obs[2]).max() <= 0.01 < np.abs(final_obs[2] - obs[2]).max()  # reset noise is within 0.01
+    assert not np.allclose(obs[3], free_obs[3])  # the next step continues the new episode
+
+
+@needs_brax
+def test_brax_hopper_falls_and_terminates():
+    env, params, reset, rollout = programs("brax-hopper")
+    obs, state = reset(jax.random.split(jax.random.PRNGKey(5), NUM_ENVS), params)
+    actions = constant_actions(env, params, 1.0)  # every joint at full torque: it falls
+    for call in range(100):
+        state, (obs, _, terminated, truncated, final_obs, time) = rollout(jax.random.PRNGKey(call), state, actions, params)
+        if terminated.any():
+            break
+    assert terminated.any(), "the hopper never fell in 400 steps of full torque"
+    step, env_index = np.argwhere(terminated)[0]
+    assert not truncated[step, env_index] and time[step, env_index] == 0  # auto-reset
+    assert not np.allclose(final_obs[step, env_index], obs[step, env_index])
+
+
+def test_missing_brax_gives_one_line_install_hint(monkeypatch):
+    monkeypatch.setitem(sys.modules, "brax", None)
+    monkeypatch.setitem(sys.modules, "brax.envs", None)
+    with pytest.raises(ConfigError, match=r"^brax is not installed; pip install -e \.\[brax\]$"):
+        registry.make("brax-ant")
+    assert registry.installed("Breakout-MinAtar")
+
+
+@needs_brax
+def test_cli_trains_ppo_on_brax(run_cli, tmp_path):
+    done = run_cli("+exp=ppo_brax", "algo.total_timesteps=256", "algo.num_envs=4", "algo.num_steps=32",
+                   "algo.num_minibatches=2", "run.num_seeds=1", "run.eval_episodes=2",
+                   "env.params.max_steps_in_episode=64", "run.checkpoint_every_chunks=0", "logger=none")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["env"] == "brax-inverted_pendulum" and summary["status"] == "completed"
+    assert summary["env_steps_per_seed"] == 256 and 0 < summary["final_eval"]["return_mean"] <= 64
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset, threshold", [pytest.param("ppo_brax", 900.0, marks=needs_brax),
+                                               ("ppo_minatar", 30.0)])
+def test_slow_suite_presets_reach_their_thresholds(run_cli, tmp_path, preset, threshold):
+    done = run_cli(f"+exp={preset}", "logger=none", timeout=3600)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["final_eval"]["return_mean"] >= threshold, summary["final_eval"]
