@@ -121,6 +121,7 @@ def execute(cfg, run_dir: Path, hydra_seconds: float) -> dict:
     tick = time.perf_counter()
     cache_setting = cfg.run.get("compile_cache")
     cache_dir = compile_cache.default_cache_dir() if cache_setting == "default" else cache_setting
+    compile_cache.set_cpu_devices(cfg.run.get("cpu_devices", "auto"))
     import jax  # noqa: F401  (timed as part of the imports)
 
     from rlx.runner import artifacts, components, loop

@@ -18,7 +18,8 @@ FOUR_DEVICES = "--xla_force_host_platform_device_count=4"
 def train(run_dir, *args, devices: int):
     env = dict(os.environ)
     env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {FOUR_DEVICES if devices == 4 else ''}".strip()
-    done = subprocess.run([sys.executable, "-m", "rlx.train", *TINY, *args, f"hydra.run.dir={run_dir}"], cwd=ROOT,
+    one_device = ["run.cpu_devices=1"] if devices == 1 else []
+    done = subprocess.run([sys.executable, "-m", "rlx.train", *TINY, *one_device, *args, f"hydra.run.dir={run_dir}"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -53,9 +54,34 @@ def test_uneven_split_runs_on_one_device(tmp_path):
     assert "neither num_seeds=3 nor the 1 sweep points divide evenly: running on one device" in summary["devices"]
 
 
-def test_sharded_checkpoint_reloads_for_evaluation(tmp_path):
-    _, _, env = train(tmp_path / "four", "run.num_seeds=4", devices=4)
+def test_sharded_checkpoint_reloads_for_evaluation_on_one_device(tmp_path):
+    train(tmp_path / "four", "run.num_seeds=4", devices=4)
     done = subprocess.run([sys.executable, "-m", "rlx.evaluate", f"run_dir={tmp_path / 'four'}", "episodes=2"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)  # rlx.evaluate: one device
     assert done.returncode == 0, done.stderr
     assert len(json.loads((tmp_path / "four" / "evaluation.json").read_text())["points"][0]["per_seed"]) == 4
+
+
+def test_cpu_devices_default_uses_every_core(tmp_path, monkeypatch):
+    """run.cpu_devices=auto shows each core as a device (here via os.cpu_count patched in a child)."""
+    from rlx.runner import compile_cache
+
+    monkeypatch.setenv("XLA_FLAGS", "")
+    monkeypatch.setattr(compile_cache.os, "cpu_count", lambda: 3)
+    compile_cache.set_cpu_devices("auto")
+    assert "--xla_force_host_platform_device_count=3" in os.environ["XLA_FLAGS"]
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=5")
+    compile_cache.set_cpu_devices(2)  # the user's own flag wins
+    assert os.environ["XLA_FLAGS"] == "--xla_force_host_platform_device_count=5"
+    monkeypatch.setenv("XLA_FLAGS", "")
+    compile_cache.set_cpu_devices(1)
+    assert os.environ["XLA_FLAGS"] == ""
+
+
+@pytest.mark.parametrize("value", ["0", "many", "true"])
+def test_bad_cpu_devices_fail_in_one_line(tmp_path, value):
+    done = subprocess.run([sys.executable, "-m", "rlx.train", *TINY, f"run.cpu_devices={value}",
+                           f"hydra.run.dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert "run.cpu_devices=" in done.stderr and "must be 'auto' or an integer >= 1" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr

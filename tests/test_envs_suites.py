@@ -174,3 +174,51 @@ def test_slow_suite_presets_reach_their_thresholds(run_cli, tmp_path, preset, th
     assert done.returncode == 0, done.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["final_eval"]["return_mean"] >= threshold, summary["final_eval"]
+
+
+
+def mlp_size(sizes):
+    """Parameters of dense layers of the given widths (weights and biases)."""
+    return sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
+
+
+# agent -> (extra config, expected parameter count on Breakout's 10x10x4 grid with 3 actions)
+GRID_AGENTS = {
+    "ppo mlp": ("ppo", {"num_minibatches": 2}, mlp_size([400, 64, 64, 3]) + mlp_size([400, 64, 64, 1])),
+    # per network: conv 2x2x4->32 (+bias, 'SAME': 10x10x32), 2x2 average pool -> 5x5x32 = 800 features
+    "ppo cnn": ("ppo", {"num_minibatches": 2, "torso": "cnn"},
+                2 * (2 * 2 * 4 * 32 + 32) + mlp_size([800, 64, 64, 3]) + mlp_size([800, 64, 64, 1])),
+    "a2c": ("a2c", {}, mlp_size([400, 64, 64, 3]) + mlp_size([400, 64, 64, 1])),
+    "ppo_rnn": ("ppo_rnn", {"num_minibatches": 2}, None),
+}
+
+
+@pytest.mark.parametrize("name", list(GRID_AGENTS))
+def test_agents_learn_from_grid_observations(name):
+    """Grid observations are flattened (mlp) or convolved (cnn) as a whole, and two updates stay finite."""
+    import importlib
+
+    module_name, extra, expected_params = GRID_AGENTS[name]
+    module = importlib.import_module(f"rlx.agents.{module_name}")
+    env, params = registry.make("Breakout-MinAtar")
+    config = module.Config(total_timesteps=128, num_envs=4, num_steps=16, **extra)
+    module.validate(config)
+    agent = module.make(config, env, params)
+    state, metrics = jax.jit(lambda key: jax.lax.scan(lambda s, _: agent.update(s), agent.init(key), None, 2))(
+        jax.random.PRNGKey(0))
+    assert np.all(np.isfinite(np.asarray(metrics["loss"])))
+    if expected_params is not None:
+        assert state.params.shape == (expected_params,)
+    obs, _ = env.reset(jax.random.PRNGKey(1), params)
+    action = agent.act(state.policy, obs, jax.random.PRNGKey(2), True) if module_name != "ppo_rnn" else None
+    assert action is None or action.shape == ()
+
+
+def test_ppo_cnn_torso_needs_grid_observations():
+    from rlx.agents import ppo
+
+    env, params = registry.make("CartPole-v1")
+    with pytest.raises(ValueError, match="torso='cnn'.*shape \\(4,\\)"):
+        ppo.make(ppo.Config(torso="cnn"), env, params)
+    with pytest.raises(ValueError, match="torso='rnn': must be one of"):
+        ppo.validate(ppo.Config(torso="rnn"))

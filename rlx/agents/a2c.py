@@ -171,16 +171,22 @@ class DiagGaussian(NamedTuple):
 
 
 class MLP(nn.Module):
-    """Fully connected layers with orthogonal initialisation and a linear output layer."""
+    """Fully connected layers with orthogonal initialisation and a linear output layer.
+
+    Observations of rank ``obs_rank`` (grids such as MinAtar's 10x10xC) are
+    flattened to vectors first.
+    """
 
     hidden_sizes: tuple
     activation: str
     out_dim: int
     out_scale: float
+    obs_rank: int = 1
 
     @nn.compact
     def __call__(self, x):
         activation = ACTIVATIONS[self.activation]
+        x = x.astype(jnp.float32).reshape(x.shape[: x.ndim - self.obs_rank] + (-1,))
         for width in self.hidden_sizes:
             x = activation(nn.Dense(width, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
         return nn.Dense(self.out_dim, kernel_init=nn.initializers.orthogonal(self.out_scale))(x)
@@ -194,10 +200,11 @@ class ActorCritic(nn.Module):
     hidden_sizes: tuple
     activation: str
     init_log_std: float = 0.0
+    obs_rank: int = 1
 
     def setup(self):
-        self.actor = MLP(self.hidden_sizes, self.activation, self.action_dim, 0.01)
-        self.critic = MLP(self.hidden_sizes, self.activation, 1, 1.0)
+        self.actor = MLP(self.hidden_sizes, self.activation, self.action_dim, 0.01, self.obs_rank)
+        self.critic = MLP(self.hidden_sizes, self.activation, 1, 1.0, self.obs_rank)
         if self.continuous:
             self.log_std = self.param(
                 "log_std", lambda _, shape: jnp.full(shape, self.init_log_std), (self.action_dim,)
@@ -366,8 +373,10 @@ def make_optimizer(config: Config):
 def make(config: Config, env, env_params) -> Agent:
     """Build A2C's pure functions for one environment."""
     action_dim, continuous, low, high = action_spec(env, env_params)
-    network = ActorCritic(action_dim, continuous, tuple(config.hidden_sizes), config.activation, config.init_log_std)
     obs_shape = env.observation_space(env_params).shape
+    network = ActorCritic(
+        action_dim, continuous, tuple(config.hidden_sizes), config.activation, config.init_log_std, len(obs_shape)
+    )
     # One flat parameter vector: the optimiser then runs a few fused kernels
     # instead of several per layer, which compiles faster on CPU.
     template = jax.eval_shape(network.init, jax.random.PRNGKey(0), jnp.zeros(obs_shape))

@@ -66,6 +66,7 @@ class Config:
     num_minibatches: int = static(4)
     hidden_sizes: tuple = static((64, 64))
     activation: str = static("tanh")
+    torso: str = static("mlp")
     anneal_lr: bool = static(True)
     clip_value_loss: bool = static(True)
     normalize_advantages: bool = static(True)
@@ -112,6 +113,7 @@ def validate(config: Config) -> None:
         ),
         ("hidden_sizes", all(int(h) >= 1 for h in config.hidden_sizes), "every width must be >= 1"),
         ("activation", config.activation in ACTIVATIONS, f"must be one of {sorted(ACTIVATIONS)}"),
+        ("torso", config.torso in TORSOS, f"must be one of {list(TORSOS)}"),
     ]
     for field, ok, rule in rules:
         if not ok:
@@ -167,34 +169,65 @@ class DiagGaussian(NamedTuple):
 # --------------------------------------------------------------------------- networks
 
 
+TORSOS = ("mlp", "cnn")
+
+
+class Torso(nn.Module):
+    """Turns observations of rank ``obs_rank`` into feature vectors.
+
+    ``mlp`` flattens them (vectors pass through; MinAtar's 10x10xC grids become
+    400-vectors); ``cnn`` runs one 2x2 convolution of 32 channels and a 2x2
+    average pooling over HxWxC grids first, which learns MinAtar games faster
+    than a flat MLP for the same number of parameters.
+    """
+
+    kind: str
+    obs_rank: int
+
+    @nn.compact
+    def __call__(self, obs):
+        batch_shape = obs.shape[: obs.ndim - self.obs_rank]
+        x = obs.astype(jnp.float32)
+        if self.kind == "cnn":
+            x = x.reshape((-1,) + obs.shape[-3:])
+            x = nn.relu(nn.Conv(32, (2, 2), kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
+            x = nn.avg_pool(x, (2, 2), strides=(2, 2))
+        return x.reshape(batch_shape + (-1,))
+
+
 class MLP(nn.Module):
-    """Orthogonally initialised MLP with a linear head of ``out_dim`` units."""
+    """Orthogonally initialised MLP with a linear head of ``out_dim`` units, after a ``Torso``."""
 
     hidden_sizes: tuple
     activation: str
     out_dim: int
     out_scale: float
+    torso: str = "mlp"
+    obs_rank: int = 1
 
     @nn.compact
     def __call__(self, x):
         act = ACTIVATIONS[self.activation]
+        x = Torso(self.torso, self.obs_rank)(x)
         for width in self.hidden_sizes:
             x = act(nn.Dense(width, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
         return nn.Dense(self.out_dim, kernel_init=nn.initializers.orthogonal(self.out_scale))(x)
 
 
 class ActorCritic(nn.Module):
-    """Separate actor and critic MLPs; Gaussian actors keep a state-independent log std."""
+    """Separate actor and critic networks; Gaussian actors keep a state-independent log std."""
 
     action_dim: int
     continuous: bool
     hidden_sizes: tuple
     activation: str
     init_log_std: float = 0.0
+    torso: str = "mlp"
+    obs_rank: int = 1
 
     def setup(self):
-        self.actor = MLP(self.hidden_sizes, self.activation, self.action_dim, 0.01)
-        self.critic = MLP(self.hidden_sizes, self.activation, 1, 1.0)
+        self.actor = MLP(self.hidden_sizes, self.activation, self.action_dim, 0.01, self.torso, self.obs_rank)
+        self.critic = MLP(self.hidden_sizes, self.activation, 1, 1.0, self.torso, self.obs_rank)
         if self.continuous:
             self.log_std = self.param(
                 "log_std", lambda _, shape: jnp.full(shape, self.init_log_std), (self.action_dim,)
@@ -345,8 +378,13 @@ def action_spec(env, env_params):
 def make(config: Config, env, env_params) -> Agent:
     """Build PPO's pure functions for one environment."""
     action_dim, continuous, low, high = action_spec(env, env_params)
-    network = ActorCritic(action_dim, continuous, tuple(config.hidden_sizes), config.activation, config.init_log_std)
     obs_shape = env.observation_space(env_params).shape
+    if config.torso == "cnn" and len(obs_shape) != 3:
+        raise ValueError(f"torso='cnn': needs HxWxC observations, this environment's have shape {obs_shape}")
+    network = ActorCritic(
+        action_dim, continuous, tuple(config.hidden_sizes), config.activation, config.init_log_std,
+        config.torso, len(obs_shape),
+    )
     # Parameters live as one flat vector: the optimiser then runs a handful of
     # fused kernels instead of a few per layer, which halves compile time on CPU.
     template = jax.eval_shape(network.init, jax.random.PRNGKey(0), jnp.zeros(obs_shape))

@@ -173,16 +173,23 @@ class DiagGaussian(NamedTuple):
 
 
 class MLP(nn.Module):
-    """Orthogonally initialised layers; with ``out_dim`` a final linear layer scaled by ``out_scale``."""
+    """Orthogonally initialised layers; with ``out_dim`` a final linear layer scaled by ``out_scale``.
+
+    With ``obs_rank`` > 1 the trailing ``obs_rank`` axes (a grid observation)
+    are flattened to one vector first.
+    """
 
     sizes: tuple
     activation: str
     out_dim: int | None = None
     out_scale: float = 1.0
+    obs_rank: int = 1
 
     @nn.compact
     def __call__(self, x):
         act = ACTIVATIONS[self.activation]
+        if self.obs_rank > 1:
+            x = x.astype(jnp.float32).reshape(x.shape[: x.ndim - self.obs_rank] + (-1,))
         for width in self.sizes:
             x = act(nn.Dense(width, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
         if self.out_dim is not None:
@@ -241,9 +248,10 @@ class RecurrentActorCritic(nn.Module):
     head_sizes: tuple
     activation: str
     init_log_std: float = 0.0
+    obs_rank: int = 1
 
     def setup(self):
-        self.encoder = MLP(self.hidden_sizes, self.activation)
+        self.encoder = MLP(self.hidden_sizes, self.activation, obs_rank=self.obs_rank)
         self.gru = GRU(self.gru_size)
         self.actor = MLP(self.head_sizes, self.activation, self.action_dim, 0.01)
         self.critic = MLP(self.head_sizes, self.activation, 1, 1.0)
@@ -430,11 +438,11 @@ def action_spec(env, env_params):
 def make(config: Config, env, env_params) -> Agent:
     """Build recurrent PPO's pure functions for one environment."""
     action_dim, continuous, low, high = action_spec(env, env_params)
+    obs_shape = env.observation_space(env_params).shape
     network = RecurrentActorCritic(
         action_dim, continuous, tuple(config.hidden_sizes), config.gru_size, tuple(config.head_sizes),
-        config.activation, config.init_log_std,
+        config.activation, config.init_log_std, len(obs_shape),
     )
-    obs_shape = env.observation_space(env_params).shape
     example = (jnp.zeros(config.gru_size), jnp.zeros(obs_shape), jnp.zeros((), bool))
     # The optimiser sees one flat parameter vector (fewer, fused kernels);
     # the network is applied to the unflattened tree.

@@ -80,15 +80,23 @@ def restore_latest(run_dir: Path, abstract_state, label: str | None = None) -> t
 
 
 def load_raw(run_dir: Path, step: int | None = None) -> tuple[dict, dict]:
-    """(state as nested dicts of arrays, progress) of a checkpoint, without knowing the state's type."""
+    """(state as nested dicts of arrays, progress) of a checkpoint, without knowing the state's type.
+
+    Arrays come back whole on this process's first device, however many devices the run that
+    saved them split its seeds over (``run.cpu_devices``, GPUs).
+    """
+    import jax
     import orbax.checkpoint as ocp
 
     directory = (Path(run_dir) / CHECKPOINT_SUBDIR).resolve()
     manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(create=False))
     try:
         step = manager.latest_step() if step is None else step
+        metadata = ocp.StandardCheckpointer().metadata(directory / str(step) / "state").item_metadata
+        here = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        target = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=here), metadata)
         restored = manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(), progress=ocp.args.JsonRestore()))
+            state=ocp.args.StandardRestore(target), progress=ocp.args.JsonRestore()))
     finally:
         manager.close()
     return restored["state"], dict(restored["progress"])

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from rlx.errors import ConfigError
@@ -45,6 +46,7 @@ class RunSettings:
     progress: bool = True
     compile_cache: str | None = None
     checkpoint_every_chunks: int = 5
+    cpu_devices: str | int = "auto"  # applied by train.py before JAX starts (compile_cache.set_cpu_devices)
 
     @classmethod
     def from_dict(cls, values: dict) -> "RunSettings":
@@ -117,42 +119,72 @@ class Programs:
         self.compile_seconds = 0.0
         self._chunks = {}
 
-        def init(config, keys):
+        def init(config, keys, config_axis):
             # lax.map, not vmap: the same stacked states, but the batched PRNG and
             # QR kernels that vmap creates more than double this program's compile time.
-            return jax.lax.map(self._agent(config).init, keys)
+            if config_axis is None:
+                return jax.lax.map(self._agent(config).init, keys)
+            return jax.lax.map(lambda ck: self._agent(ck[0]).init(ck[1]), (config, keys))
 
-        def run_evaluation(config, policy, keys):
-            agent = self._agent(config)
-            return jax.vmap(
-                lambda p, k: evaluate(agent, env, env_params, p, k, settings.eval_episodes, settings.eval_greedy)
-            )(policy, keys)
+        def run_evaluation(config, policy, keys, config_axis):
+            return jax.vmap(lambda c, p, k: evaluate(
+                self._agent(c), env, env_params, p, k, settings.eval_episodes, settings.eval_greedy),
+                in_axes=(config_axis, 0, 0))(config, policy, keys)
 
         # Where the seed axis sits: state [grid?, seed, ...], chunk metrics [grid?, update, seed],
         # evaluation returns [grid?, seed, episode]; keys [seed] are shared by every grid point.
         state_spec = self._spec(1 if swept else 0)
         keys_spec = self._spec(0) if not self.layout.split_grid else self._replicated()
         keys = jax.eval_shape(lambda: jax.random.split(jax.random.PRNGKey(0), settings.num_seeds))
-        init = self._program(self._over_grid(init, (0, None)), (self._config_spec(), keys_spec), state_spec)
+        init = self._program(self._per_run(init, batched=(), shared=(0,)),
+                             (self._config_spec(), keys_spec), state_spec)
         self.state_shape = init.eval_shape(config, keys)  # traced once: lowering below reuses it
         self.state_sharding = state_spec and jax.tree.map(lambda _: self.layout.sharding(state_spec), self.state_shape)
         self.init = self._compile(init, config, keys) if training else None
-        evaluation = self._program(self._over_grid(run_evaluation, (0, 0, None)),
+        evaluation = self._program(self._per_run(run_evaluation, batched=(0,), shared=(1,)),
                                    (self._config_spec(), state_spec, keys_spec), state_spec)
         self.evaluate = self._compile(evaluation, config, self.state_shape.policy, keys)
+
+    def _per_run(self, fn, batched: tuple, shared: tuple):
+        """A program from ``fn(config, *args, config_axis)``, written for a batch of runs.
+
+        ``fn`` maps over a leading run axis of its arguments, and over the config's leaves when
+        ``config_axis`` is 0. Without a sweep the runs are the seeds and share one config
+        (``config_axis`` None). With one, the grid and seed axes merge into one run axis: the
+        config's leaves ``[grid]`` are repeated for each seed, argument positions in ``batched``
+        (``[grid, seed, ...]``) are reshaped, those in ``shared`` (``[seed, ...]``: keys, which
+        every grid point shares) are tiled, and the outputs ``[grid * seed, ...]`` are split
+        back. One flat run axis instead of a vmap over the grid of a vmap over seeds: the same
+        arithmetic, but XLA compiles it in about half the time.
+        """
+        if not self.swept:
+            return lambda config, *args: fn(config, *args, config_axis=None)
+
+        def swept(config, *args):
+            grid = jax.tree.leaves(config)[0].shape[0]
+            seeds = (jax.tree.leaves(args[batched[0]])[0].shape[1] if batched
+                     else jax.tree.leaves(args[shared[0]])[0].shape[0])
+            args = list(args)
+            for i in batched:
+                args[i] = jax.tree.map(lambda x: x.reshape((grid * seeds,) + x.shape[2:]), args[i])
+            for i in shared:
+                args[i] = jax.tree.map(lambda x: jnp.tile(x, (grid,) + (1,) * (x.ndim - 1)), args[i])
+            runs_config = jax.tree.map(lambda c: jnp.repeat(c, seeds, axis=0), config)
+            out = fn(runs_config, *args, config_axis=0)
+            return jax.tree.map(lambda x: x.reshape((grid, seeds) + x.shape[1:]), out)
+
+        return swept
 
     def _agent(self, config):
         return self.agent_module.make(config, self.env, self.env_params)
 
     def abstract_state(self):
         """Shapes, dtypes and (with several devices) shardings of the state: the target of a restore."""
-        if self.state_sharding is None:
-            return self.state_shape
+        if self.state_sharding is None:  # whole on the first device, however the saving run was split
+            here = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+            return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=here), self.state_shape)
         return jax.tree.map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
                             self.state_shape, self.state_sharding)
-
-    def _over_grid(self, fn, in_axes):
-        return jax.vmap(fn, in_axes=in_axes) if self.swept else fn
 
     def _spec(self, seed_axis: int):
         return self.layout.spec(seed_axis) if self.layout.active else None
@@ -188,13 +220,20 @@ class Programs:
         """
         if num_updates not in self._chunks:
 
-            def run_chunk(config, state):
-                update = jax.vmap(self._agent(config).update)
-                return jax.lax.scan(lambda s, _: update(s), state, None, num_updates)
+            def run_chunk(config, state, config_axis):
+                # metrics come out [update, run]; runs first, so that _per_run can split them by grid point
+                update = jax.vmap(lambda c, s: self._agent(c).update(s), in_axes=(config_axis, 0))
+                state, metrics = jax.lax.scan(lambda s, _: update(config, s), state, None, num_updates)
+                return state, jax.tree.map(lambda m: jnp.moveaxis(m, 0, 1), metrics)
+
+            def run_chunk_metrics_last(config, state):
+                state, metrics = self._per_run(run_chunk, batched=(0,), shared=())(config, state)
+                seed_axis = 2 if self.swept else 1  # [grid?, seed, update] -> [grid?, update, seed]
+                return state, jax.tree.map(lambda m: jnp.moveaxis(m, seed_axis - 1, seed_axis), metrics)
 
             state_spec = self._spec(1 if self.swept else 0)
             metrics_spec = self._spec(2 if self.swept else 1)
-            program = self._program(self._over_grid(run_chunk, (0, 0)), (self._config_spec(), state_spec),
+            program = self._program(run_chunk_metrics_last, (self._config_spec(), state_spec),
                                     (state_spec, metrics_spec))
             self._chunks[num_updates] = self._compile(program, self.config, self.state_shape)
         return self._chunks[num_updates]

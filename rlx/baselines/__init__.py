@@ -1,0 +1,1 @@
+"""Reference policies (random, scripted, closed-form) that trained agents are measured against."""

@@ -1,0 +1,164 @@
+"""Reproduce one results table end to end: ``python -m rlx.reproduce NAME [--seeds N] [--quick]``.
+
+Each experiment trains its presets (one ``python -m rlx.train`` process each, so every run
+keeps its own directory, config, checkpoints and curves under ``experiments/NAME/runs/``),
+measures its reference policies with the same evaluation code, and writes
+``experiments/NAME/results.md`` plus a comparison plot. ``--quick`` shrinks every budget to
+check the plumbing in a minute; its numbers mean nothing and its table says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from rlx.errors import UnknownNameError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    """A table: trained presets, reference policies, and how to present them."""
+
+    title: str
+    presets: dict[str, str]  # row label -> +exp preset
+    baselines: Callable[[int, int], dict[str, np.ndarray]]  # (episodes, seed) -> label -> per-seed returns
+    score: Callable[[dict[str, float]], dict[str, str]]  # label -> mean return -> label -> score text
+    claim: Callable[[dict[str, float]], list[str]]  # mean returns -> target lines
+    quick_overrides: tuple[str, ...]
+
+
+# --------------------------------------------------------------------------- mappo_mpe
+
+
+def mpe_spread_baselines(episodes: int, seeds: int) -> dict[str, np.ndarray]:
+    """Per-seed mean team returns of a random and the scripted assignment policy on mpe_spread."""
+    import jax
+
+    from rlx.baselines.multi_agent import random_policy, spread_scripted_policy
+    from rlx.envs import registry
+    from rlx.runner.evaluation import evaluate_multi_agent
+
+    env, params = registry.make("mpe_spread")
+    num_landmarks = (env.observation_space(params).shape[0] - 4 - 4 * (env.num_agents - 1)) // 2
+    policies = {
+        "random policy": random_policy(int(env.action_space(params).n)),
+        "scripted (optimal assignment, steer to landmark)": spread_scripted_policy(env.num_agents, num_landmarks),
+    }
+    results = {}
+    for label, policy in policies.items():
+        evaluate = jax.jit(lambda key, policy=policy: evaluate_multi_agent(
+            policy, env, params, None, key, episodes, greedy=True))
+        keys = jax.random.split(jax.random.PRNGKey(1234), seeds)
+        results[label] = np.array([float(evaluate(k).mean()) for k in keys])
+    return results
+
+
+def spread_scores(means: dict[str, float]) -> dict[str, str]:
+    """Each return as a fraction of the way from the random policy to the scripted reference."""
+    random_return = means["random policy"]
+    scripted = means["scripted (optimal assignment, steer to landmark)"]
+    return {label: f"{(m - random_return) / (scripted - random_return):.2f}" for label, m in means.items()}
+
+
+def spread_claim(means: dict[str, float]) -> list[str]:
+    score = {k: float(v) for k, v in spread_scores(means).items()}
+    mappo, ippo = means["MAPPO"], means["IPPO"]
+    return [
+        f"- MAPPO reaches >= 0.90 of the scripted reference (from random): "
+        f"{'HOLDS' if score['MAPPO'] >= 0.9 else 'DOES NOT HOLD'} ({score['MAPPO']:.2f})",
+        f"- MAPPO beats IPPO at equal env steps: {'HOLDS' if mappo > ippo else 'DOES NOT HOLD'} "
+        f"(MAPPO {mappo:.2f}, IPPO {ippo:.2f})",
+    ]
+
+
+EXPERIMENTS = {
+    "mappo_mpe": Experiment(
+        title="MPE simple_spread (3 agents, 3 landmarks, 25-step episodes): MAPPO vs IPPO vs critic-free",
+        presets={"MAPPO": "mappo_mpe_spread", "IPPO": "ippo_mpe_spread", "critic-free (group baseline)": "mappo_grpo_mpe_spread"},
+        baselines=mpe_spread_baselines,
+        score=spread_scores,
+        claim=spread_claim,
+        quick_overrides=("algo.total_timesteps=8192", "algo.num_envs=16", "algo.num_steps=32", "run.eval_episodes=8"),
+    ),
+}
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def train_preset(preset: str, run_dir: Path, seeds: int, overrides: tuple[str, ...]) -> dict:
+    """Run ``python -m rlx.train +exp=preset`` into ``run_dir`` and return its summary.json."""
+    command = [sys.executable, "-m", "rlx.train", f"+exp={preset}", f"run.num_seeds={seeds}",
+               f"hydra.run.dir={run_dir}", *overrides]
+    print(f"[reproduce] {' '.join(command[1:])}", flush=True)
+    subprocess.run(command, check=True, cwd=ROOT)
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def render(name: str, experiment: Experiment, rows: dict[str, dict], command: str, quick: bool) -> str:
+    means = {label: row["mean"] for label, row in rows.items()}
+    scores = experiment.score(means)
+    lines = [f"# {experiment.title}", ""]
+    if quick:
+        lines += ["QUICK smoke test (tiny budgets): these numbers mean nothing.", ""]
+    lines += [f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `{command}`.", "",
+              "| method | env steps per seed | seeds | final return (mean ± std over seeds) | score |",
+              "|---|---:|---:|---:|---:|"]
+    for label, row in rows.items():
+        steps = f"{row['env_steps']:,}" if row.get("env_steps") else "—"
+        lines.append(f"| {label} | {steps} | {row['seeds']} | {row['mean']:.2f} ± {row['std']:.2f} | {scores[label]} |")
+    lines += ["", "Targets:", "", *experiment.claim(means), ""]
+    return "\n".join(lines)
+
+
+def reproduce(name: str, seeds: int, quick: bool) -> Path:
+    if name not in EXPERIMENTS:
+        raise UnknownNameError("experiment", name, sorted(EXPERIMENTS))
+    experiment = EXPERIMENTS[name]
+    out = ROOT / "experiments" / name
+    overrides = experiment.quick_overrides if quick else ()
+    rows, run_dirs = {}, []
+    stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
+    for label, preset in experiment.presets.items():
+        run_dirs.append(out / "runs" / f"{preset}{'_quick' if quick else ''}" / stamp)
+        summary = train_preset(preset, run_dirs[-1], seeds, overrides)
+        per_seed = np.array(summary["final_eval"]["return_per_seed"])
+        rows[label] = {"mean": per_seed.mean(), "std": per_seed.std(), "seeds": len(per_seed),
+                       "env_steps": summary["env_steps_per_seed"], "episodes": summary["final_eval"]["episodes_per_seed"]}
+    episodes = next(iter(rows.values()))["episodes"]
+    for label, per_seed in experiment.baselines(episodes, seeds).items():
+        rows[label] = {"mean": per_seed.mean(), "std": per_seed.std(), "seeds": len(per_seed), "env_steps": None}
+    command = f"python -m rlx.reproduce {name} --seeds {seeds}" + (" --quick" if quick else "")
+    results = out / ("results_quick.md" if quick else "results.md")
+    results.write_text(render(name, experiment, rows, command, quick))
+    subprocess.run([sys.executable, "-m", "rlx.report", *map(str, run_dirs), "--out",
+                    str(out / ("report_quick" if quick else "report"))], check=True, cwd=ROOT)
+    print(results.read_text())
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m rlx.reproduce", description=__doc__.splitlines()[0])
+    parser.add_argument("name", help=f"one of {sorted(EXPERIMENTS)}")
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="tiny budgets: check the plumbing, numbers meaningless")
+    args = parser.parse_args(argv)
+    try:
+        reproduce(args.name, args.seeds, args.quick)
+    except UnknownNameError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""Benchmark: MAPPO training throughput on MPE simple_spread, rlx vs JaxMARL, next to raw env stepping.
+
+Usage::
+
+    .venv/bin/python scripts/bench_marl.py [--envs 16,128,1024] [--quick]
+                                           [--jaxmarl-repo PATH] [--skip-jaxmarl-mappo]
+
+For each number of parallel environments E (16, 128, 1024), in ONE process on the same machine:
+
+* **raw stepping**: JaxMARL's own ``MPE_simple_spread_v3`` (the jaxmarl package), 128 steps of
+  ``vmap(env.step)`` with uniformly random actions under ``lax.scan``, jitted;
+* **rlx MAPPO**: ``rlx/agents/mappo.py`` on ``env=mpe_spread`` (the adapter over the same JaxMARL
+  environment), U updates of E envs x 128 steps, each update = rollout + GAE + 4 epochs x 4
+  minibatches, in one jitted ``lax.scan``;
+* **JaxMARL MAPPO** (optional): JaxMARL's ``baselines/MAPPO/mappo_rnn_mpe.py`` from a JaxMARL
+  checkout OUTSIDE this repository (``--jaxmarl-repo``; its ``make_train`` with its MPE config,
+  ``TOTAL_TIMESTEPS`` set to the same U updates). Its baseline is recurrent (FC 128, GRU 128,
+  tanh), so rlx runs the same shape: ``recurrent=true gru_size=128 hidden_sizes=[128]
+  activation=tanh`` with value normalisation and input LayerNorm off, like JaxMARL's.
+
+Every program is compiled first (compile seconds reported separately) and then timed over
+``--repeats`` runs (median). Throughput = joint env steps per second (x3 for agent-steps).
+Prints a markdown table and writes it to ``.bench/bench_marl.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("XLA_FLAGS", "--xla_cpu_enable_concurrency_optimized_scheduler=false")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+NUM_STEPS = 128
+NUM_AGENTS = 3
+
+
+def timed(fn, *args, repeats: int) -> tuple[float, float]:
+    """(compile seconds, median run seconds) of ``jax.jit(fn)(*args)``."""
+    start = time.perf_counter()
+    compiled = jax.jit(fn).lower(*args).compile()
+    compile_s = time.perf_counter() - start
+    runs = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(compiled(*args))
+        runs.append(time.perf_counter() - start)
+    return compile_s, statistics.median(runs)
+
+
+def raw_stepping(num_envs: int, repeats: int) -> tuple[float, float, int]:
+    """JaxMARL's MPE spread with random actions: (compile s, run s, joint steps)."""
+    from rlx.envs.jaxmarl import import_jaxmarl_module
+
+    env = import_jaxmarl_module("jaxmarl.environments.mpe.simple_spread").SimpleSpreadMPE()
+
+    def rollout(key):
+        reset_key, key = jax.random.split(key)
+        _, state = jax.vmap(env.reset)(jax.random.split(reset_key, num_envs))
+
+        def step(carry, _):
+            state, key = carry
+            key, action_key, step_key = jax.random.split(key, 3)
+            actions = jax.random.randint(action_key, (len(env.agents), num_envs), 0, 5)
+            action_dict = {agent: actions[i] for i, agent in enumerate(env.agents)}
+            obs, state, reward, done, _ = jax.vmap(env.step)(jax.random.split(step_key, num_envs), state, action_dict)
+            return (state, key), reward[env.agents[0]].sum()
+
+        _, rewards = jax.lax.scan(step, (state, key), None, NUM_STEPS)
+        return rewards.sum()
+
+    compile_s, run_s = timed(rollout, jax.random.PRNGKey(0), repeats=repeats)
+    return compile_s, run_s, num_envs * NUM_STEPS
+
+
+def rlx_mappo(num_envs: int, updates: int, repeats: int) -> tuple[float, float, int]:
+    """rlx MAPPO (JaxMARL-shaped recurrent network): (compile s, run s for ``updates`` updates, joint steps)."""
+    from rlx.agents import mappo
+    from rlx.envs import registry
+
+    env, params = registry.make("mpe_spread")
+    config = mappo.Config(
+        lr=2e-3, num_envs=num_envs, num_steps=NUM_STEPS, num_epochs=4, num_minibatches=4, recurrent=True,
+        gru_size=128, hidden_sizes=(128,), activation="tanh", input_norm=False, normalize_values=False,
+        total_timesteps=num_envs * NUM_STEPS * updates,
+    )
+    mappo.validate(config)
+    agent = mappo.make(config, env, params)
+    state = jax.jit(agent.init)(jax.random.PRNGKey(0))
+
+    def train(state):
+        return jax.lax.scan(lambda s, _: agent.update(s), state, None, updates)[1]["loss"]
+
+    compile_s, run_s = timed(train, state, repeats=repeats)
+    return compile_s, run_s, num_envs * NUM_STEPS * updates
+
+
+def jaxmarl_mappo(repo: Path, num_envs: int, updates: int, repeats: int) -> tuple[float, float, int]:
+    """JaxMARL's own MAPPO baseline at the same configuration: (compile s, run s, joint steps)."""
+    import wandb
+    import yaml
+
+    wandb.init(mode="disabled")  # the baseline logs through wandb.log in an io_callback
+    source = repo / "baselines" / "MAPPO" / "mappo_rnn_mpe.py"
+    spec = importlib.util.spec_from_file_location("jaxmarl_mappo_rnn_mpe", source)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = yaml.safe_load((repo / "baselines" / "MAPPO" / "config" / "mappo_homogenous_rnn_mpe.yaml").read_text())
+    config.update(NUM_ENVS=num_envs, NUM_STEPS=NUM_STEPS, TOTAL_TIMESTEPS=num_envs * NUM_STEPS * updates)
+    train = module.make_train(config)
+    compile_s, run_s = timed(train, jax.random.PRNGKey(0), repeats=repeats)
+    return compile_s, run_s, num_envs * NUM_STEPS * updates
+
+
+def rate(steps: int, seconds: float) -> str:
+    return f"{steps / seconds:,.0f}"
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--envs", default="16,128,1024", help="comma-separated numbers of parallel environments")
+    parser.add_argument("--updates", default="16,4,2", help="MAPPO updates timed per env count (same order)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--jaxmarl-repo", type=Path, default=ROOT / ".bench" / "JaxMARL",
+                        help="a JaxMARL checkout (outside the package) holding baselines/MAPPO")
+    parser.add_argument("--skip-jaxmarl-mappo", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="16 and 128 envs, 1 update, 1 repeat: plumbing only")
+    args = parser.parse_args(argv)
+    envs = [int(e) for e in args.envs.split(",")]
+    updates = [int(u) for u in args.updates.split(",")]
+    if args.quick:
+        envs, updates, args.repeats = envs[:2], [1] * 2, 1
+    run_jaxmarl = not args.skip_jaxmarl_mappo and (args.jaxmarl_repo / "baselines" / "MAPPO").is_dir()
+    load = os.getloadavg()
+    rows = []
+    for num_envs, num_updates in zip(envs, updates):
+        print(f"[bench_marl] {num_envs} envs: raw stepping", flush=True)
+        raw = raw_stepping(num_envs, args.repeats)
+        print(f"[bench_marl] {num_envs} envs: rlx MAPPO, {num_updates} updates", flush=True)
+        ours = rlx_mappo(num_envs, num_updates, args.repeats)
+        theirs = None
+        if run_jaxmarl:
+            print(f"[bench_marl] {num_envs} envs: JaxMARL MAPPO, {num_updates} updates", flush=True)
+            theirs = jaxmarl_mappo(args.jaxmarl_repo, num_envs, num_updates, args.repeats)
+        rows.append((num_envs, num_updates, raw, ours, theirs))
+
+    lines = [
+        "# MAPPO on MPE simple_spread (3 agents): training throughput, rlx vs JaxMARL, and raw stepping",
+        "",
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {os.cpu_count()} CPUs, jax {jax.__version__}, "
+        f"backend {jax.default_backend()}; load average at start {load[0]:.2f}, at end {os.getloadavg()[0]:.2f}"
+        + ("; QUICK (numbers meaningless)" if args.quick else ""),
+        f"command: `python scripts/bench_marl.py {' '.join(argv if argv is not None else sys.argv[1:])}`",
+        "",
+        "| envs | raw random stepping: env steps/s | rlx MAPPO training: env steps/s (agent-steps/s) "
+        "| JaxMARL MAPPO training: env steps/s | rlx / JaxMARL | rlx training / raw stepping "
+        "| compile s (raw / rlx / JaxMARL) |",
+        "|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for num_envs, _, raw, ours, theirs in rows:
+        ours_rate = ours[2] / ours[1]
+        theirs_cell = rate(theirs[2], theirs[1]) if theirs else "—"
+        ratio = f"{ours_rate / (theirs[2] / theirs[1]):.2f}x" if theirs else "—"
+        compile_cells = f"{raw[0]:.1f} / {ours[0]:.1f} / {theirs[0]:.1f}" if theirs else f"{raw[0]:.1f} / {ours[0]:.1f} / —"
+        lines.append(
+            f"| {num_envs} | {rate(raw[2], raw[1])} | {ours_rate:,.0f} ({NUM_AGENTS * ours_rate:,.0f}) | {theirs_cell} "
+            f"| {ratio} | {ours_rate / (raw[2] / raw[1]):.0%} | {compile_cells} |"
+        )
+    lines += [
+        "",
+        f"Each update: E envs x {NUM_STEPS} steps, GAE, 4 epochs x 4 minibatches; timed updates per env count: "
+        f"{', '.join(f'{e} envs: {u}' for e, u, *_ in rows)}. "
+        "Both MAPPOs: recurrent actor and critic (FC 128, GRU 128, tanh), centralized critic on the "
+        "concatenated observations, lr 2e-3; rlx without value normalisation or input LayerNorm (as "
+        "JaxMARL's baseline). Times are medians of the repeats after compilation; raw stepping = "
+        f"{NUM_STEPS} steps of JaxMARL's vmapped env.step with random actions, nothing learned.",
+    ]
+    table = "\n".join(lines) + "\n"
+    out = ROOT / ".bench" / "bench_marl.md"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
