@@ -57,8 +57,9 @@ def with_hydra_defaults(argv: list[str]) -> list[str]:
     return argv
 
 
-# Keys a resumed run may change: where it caches, how it shows progress, which directory it resumes.
-RESUME_MAY_CHANGE = ("run.resume", "run.compile_cache", "logger.")
+# Keys a resumed run may change: where it caches, how it shows progress, which directory it resumes,
+# how many CPU devices it splits the seeds over (the checkpoint restores onto any layout).
+RESUME_MAY_CHANGE = ("run.resume", "run.compile_cache", "run.cpu_devices", "logger.")
 
 
 def resume_config(cfg, overrides: list[str]):
@@ -70,6 +71,8 @@ def resume_config(cfg, overrides: list[str]):
     """
     from omegaconf import OmegaConf
 
+    from rlx.runner.artifacts import flatten_dict
+
     resume_dir = Path(cfg.run.resume)
     saved_path = resume_dir / "config.yaml"
     if not saved_path.is_file():
@@ -77,24 +80,14 @@ def resume_config(cfg, overrides: list[str]):
     saved = OmegaConf.load(saved_path)
     if all(o.lstrip("+~").startswith(RESUME_MAY_CHANGE + ("logger=", "hydra.")) for o in overrides):
         return OmegaConf.merge(saved, {"run": {"resume": str(resume_dir)}, "logger": cfg.logger})
-    current = flatten(OmegaConf.to_container(cfg, resolve=True))
-    previous = flatten(OmegaConf.to_container(saved, resolve=True))
+    current = flatten_dict(OmegaConf.to_container(cfg, resolve=True))
+    previous = flatten_dict(OmegaConf.to_container(saved, resolve=True))
     differing = sorted(key for key in current.keys() | previous.keys()
                        if not key.startswith(RESUME_MAY_CHANGE) and current.get(key) != previous.get(key))
     if differing:
         changes = "; ".join(f"{key}: {previous.get(key)!r} -> {current.get(key)!r}" for key in differing)
         raise ConfigError(f"run.resume={resume_dir}: the config differs from the checkpointed run's ({changes})")
     return cfg
-
-
-def flatten(tree, prefix: str = "") -> dict:
-    """{'algo.lr': 0.001, ...} from nested dicts."""
-    if not isinstance(tree, dict):
-        return {prefix[:-1]: tree}
-    flat = {}
-    for key, value in tree.items():
-        flat.update(flatten(value, f"{prefix}{key}."))
-    return flat if flat or not prefix else {prefix[:-1]: {}}
 
 
 def make_loggers(cfg, run_dir: Path) -> tuple:

@@ -82,17 +82,20 @@ def raw_stepping(num_envs: int, repeats: int) -> tuple[float, float, int]:
     return compile_s, run_s, num_envs * NUM_STEPS
 
 
-def rlx_mappo(num_envs: int, updates: int, repeats: int) -> tuple[float, float, int]:
-    """rlx MAPPO (JaxMARL-shaped recurrent network): (compile s, run s for ``updates`` updates, joint steps)."""
+def rlx_mappo(num_envs: int, updates: int, repeats: int, recurrent: bool) -> tuple[float, float, int]:
+    """rlx MAPPO: (compile s, run s for ``updates`` updates, joint steps).
+
+    ``recurrent``: JaxMARL's baseline network (FC 128, GRU 128, tanh, no value or input
+    normalisation); otherwise the ``mappo_mpe_spread`` preset's feed-forward 64x64 ReLU network.
+    """
     from rlx.agents import mappo
     from rlx.envs import registry
 
     env, params = registry.make("mpe_spread")
-    config = mappo.Config(
-        lr=2e-3, num_envs=num_envs, num_steps=NUM_STEPS, num_epochs=4, num_minibatches=4, recurrent=True,
-        gru_size=128, hidden_sizes=(128,), activation="tanh", input_norm=False, normalize_values=False,
-        total_timesteps=num_envs * NUM_STEPS * updates,
-    )
+    shape = (dict(recurrent=True, gru_size=128, hidden_sizes=(128,), activation="tanh", input_norm=False,
+                  normalize_values=False) if recurrent else {})
+    config = mappo.Config(lr=2e-3, num_envs=num_envs, num_steps=NUM_STEPS, num_epochs=4, num_minibatches=4,
+                          total_timesteps=num_envs * NUM_STEPS * updates, **shape)
     mappo.validate(config)
     agent = mappo.make(config, env, params)
     state = jax.jit(agent.init)(jax.random.PRNGKey(0))
@@ -107,14 +110,15 @@ def rlx_mappo(num_envs: int, updates: int, repeats: int) -> tuple[float, float, 
 def jaxmarl_mappo(repo: Path, num_envs: int, updates: int, repeats: int) -> tuple[float, float, int]:
     """JaxMARL's own MAPPO baseline at the same configuration: (compile s, run s, joint steps)."""
     import wandb
-    import yaml
+    from omegaconf import OmegaConf
 
     wandb.init(mode="disabled")  # the baseline logs through wandb.log in an io_callback
     source = repo / "baselines" / "MAPPO" / "mappo_rnn_mpe.py"
     spec = importlib.util.spec_from_file_location("jaxmarl_mappo_rnn_mpe", source)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    config = yaml.safe_load((repo / "baselines" / "MAPPO" / "config" / "mappo_homogenous_rnn_mpe.yaml").read_text())
+    # OmegaConf, as the baseline's own Hydra entry point: it reads 2e-3 and 1e7 as numbers, plain YAML as strings
+    config = OmegaConf.to_container(OmegaConf.load(repo / "baselines" / "MAPPO" / "config" / "mappo_homogenous_rnn_mpe.yaml"))
     config.update(NUM_ENVS=num_envs, NUM_STEPS=NUM_STEPS, TOTAL_TIMESTEPS=num_envs * NUM_STEPS * updates)
     train = module.make_train(config)
     compile_s, run_s = timed(train, jax.random.PRNGKey(0), repeats=repeats)
@@ -128,8 +132,8 @@ def rate(steps: int, seconds: float) -> str:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--envs", default="16,128,1024", help="comma-separated numbers of parallel environments")
-    parser.add_argument("--updates", default="16,4,2", help="MAPPO updates timed per env count (same order)")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--updates", default="4,2,1", help="MAPPO updates timed per env count (same order)")
+    parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--jaxmarl-repo", type=Path, default=ROOT / ".bench" / "JaxMARL",
                         help="a JaxMARL checkout (outside the package) holding baselines/MAPPO")
     parser.add_argument("--skip-jaxmarl-mappo", action="store_true")
@@ -146,12 +150,14 @@ def main(argv=None) -> None:
         print(f"[bench_marl] {num_envs} envs: raw stepping", flush=True)
         raw = raw_stepping(num_envs, args.repeats)
         print(f"[bench_marl] {num_envs} envs: rlx MAPPO, {num_updates} updates", flush=True)
-        ours = rlx_mappo(num_envs, num_updates, args.repeats)
+        ours = rlx_mappo(num_envs, num_updates, args.repeats, recurrent=True)
+        print(f"[bench_marl] {num_envs} envs: rlx MAPPO feed-forward, {num_updates} updates", flush=True)
+        feed_forward = rlx_mappo(num_envs, num_updates, args.repeats, recurrent=False)
         theirs = None
         if run_jaxmarl:
             print(f"[bench_marl] {num_envs} envs: JaxMARL MAPPO, {num_updates} updates", flush=True)
             theirs = jaxmarl_mappo(args.jaxmarl_repo, num_envs, num_updates, args.repeats)
-        rows.append((num_envs, num_updates, raw, ours, theirs))
+        rows.append((num_envs, num_updates, raw, ours, theirs, feed_forward))
 
     lines = [
         "# MAPPO on MPE simple_spread (3 agents): training throughput, rlx vs JaxMARL, and raw stepping",
@@ -163,17 +169,19 @@ def main(argv=None) -> None:
         "",
         "| envs | raw random stepping: env steps/s | rlx MAPPO training: env steps/s (agent-steps/s) "
         "| JaxMARL MAPPO training: env steps/s | rlx / JaxMARL | rlx training / raw stepping "
-        "| compile s (raw / rlx / JaxMARL) |",
-        "|---:|---:|---:|---:|---:|---:|---|",
+        "| rlx feed-forward MAPPO (preset network): env steps/s, / raw | compile s (raw / rlx / JaxMARL / ff) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for num_envs, _, raw, ours, theirs in rows:
+    for num_envs, _, raw, ours, theirs, feed_forward in rows:
+        ff_rate = feed_forward[2] / feed_forward[1]
         ours_rate = ours[2] / ours[1]
         theirs_cell = rate(theirs[2], theirs[1]) if theirs else "—"
         ratio = f"{ours_rate / (theirs[2] / theirs[1]):.2f}x" if theirs else "—"
-        compile_cells = f"{raw[0]:.1f} / {ours[0]:.1f} / {theirs[0]:.1f}" if theirs else f"{raw[0]:.1f} / {ours[0]:.1f} / —"
+        compile_cells = f"{raw[0]:.1f} / {ours[0]:.1f} / {f'{theirs[0]:.1f}' if theirs else '—'} / {feed_forward[0]:.1f}"
         lines.append(
             f"| {num_envs} | {rate(raw[2], raw[1])} | {ours_rate:,.0f} ({NUM_AGENTS * ours_rate:,.0f}) | {theirs_cell} "
-            f"| {ratio} | {ours_rate / (raw[2] / raw[1]):.0%} | {compile_cells} |"
+            f"| {ratio} | {ours_rate / (raw[2] / raw[1]):.0%} | {ff_rate:,.0f}, {ff_rate / (raw[2] / raw[1]):.0%} "
+            f"| {compile_cells} |"
         )
     lines += [
         "",
@@ -181,7 +189,8 @@ def main(argv=None) -> None:
         f"{', '.join(f'{e} envs: {u}' for e, u, *_ in rows)}. "
         "Both MAPPOs: recurrent actor and critic (FC 128, GRU 128, tanh), centralized critic on the "
         "concatenated observations, lr 2e-3; rlx without value normalisation or input LayerNorm (as "
-        "JaxMARL's baseline). Times are medians of the repeats after compilation; raw stepping = "
+        "JaxMARL's baseline); the feed-forward column is the mappo_mpe_spread preset's network (64x64 ReLU, "
+        "input LayerNorm, value normalisation, agent ids). One seed, one CPU device. Times are medians of the repeats after compilation; raw stepping = "
         f"{NUM_STEPS} steps of JaxMARL's vmapped env.step with random actions, nothing learned.",
     ]
     table = "\n".join(lines) + "\n"

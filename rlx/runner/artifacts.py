@@ -41,6 +41,18 @@ def git_commit() -> str | None:
         return None
 
 
+def flatten_dict(tree: dict, sep: str = ".", prefix: str = "") -> dict:
+    """``{'algo.lr': 0.001, ...}`` from nested dicts; an empty nested dict stays a value (``{'sweep': {}}``)."""
+    flat = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(flatten_dict(value, sep, f"{name}{sep}"))
+        else:
+            flat[name] = value
+    return flat
+
+
 def config_hash(config_yaml: str) -> str:
     return hashlib.sha256(config_yaml.encode()).hexdigest()[:16]
 

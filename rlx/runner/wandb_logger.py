@@ -79,13 +79,9 @@ class WandbLogger:
             self._fail(error)
 
 
-def flat_scalars(tree: dict, prefix: str = "") -> dict:
+def flat_scalars(tree: dict) -> dict:
     """{'final_eval/return_mean': 500.0, ...}: the numbers and strings of a nested summary."""
-    flat = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(flat_scalars(value, f"{name}/"))
-        elif isinstance(value, (int, float, str, bool)) or value is None:
-            flat[name] = value
-    return flat
+    from rlx.runner.artifacts import flatten_dict
+
+    return {name: value for name, value in flatten_dict(tree, "/").items()
+            if isinstance(value, (int, float, str, bool)) or value is None}
