@@ -507,3 +507,19 @@ def test_variants_reach_near_the_optimum(variant):
     if config.recurrent:  # replay through the GRU with the stored carries and resets: ratio 1
         _, metrics = jax.jit(mappo.make(config.replace(lr=0.0), COOP, params).update)(state)
         assert float(metrics["approx_kl"]) < 1e-6, metrics
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("importlib.util").util.find_spec("jaxmarl") is None, reason="jaxmarl is not installed")
+@pytest.mark.parametrize("preset", ["mappo_smax_3m", "mappo_mpe_spread"])
+def test_jaxmarl_presets_run_with_a_tiny_budget(run_cli, tmp_path, preset):
+    """The GPU-sized SMAX preset and the MPE preset compose, compile and train end to end on the CPU."""
+    import json
+
+    done = run_cli(f"+exp={preset}", "algo.total_timesteps=1024", "algo.num_envs=8", "algo.num_steps=64",
+                   "algo.num_minibatches=2", "run.num_seeds=1", "run.eval_episodes=2", "logger=none",
+                   "run.checkpoint_every_chunks=0", timeout=900)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["env_steps_per_seed"] == 1024
+    assert np.isfinite(summary["final_eval"]["return_mean"])
