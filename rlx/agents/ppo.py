@@ -177,8 +177,9 @@ class Torso(nn.Module):
 
     ``mlp`` flattens them (vectors pass through; MinAtar's 10x10xC grids become
     400-vectors); ``cnn`` runs one 2x2 convolution of 32 channels and a 2x2
-    average pooling over HxWxC grids first, which learns MinAtar games faster
-    than a flat MLP for the same number of parameters.
+    average pooling over HxWxC grids first (pgx's MinAtar PPO network), both
+    written as matrix products and reshapes, which XLA's CPU backend runs far
+    faster than its convolution and pooling ops.
     """
 
     kind: str
@@ -190,8 +191,15 @@ class Torso(nn.Module):
         x = obs.astype(jnp.float32)
         if self.kind == "cnn":
             x = x.reshape((-1,) + obs.shape[-3:])
-            x = nn.relu(nn.Conv(32, (2, 2), kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
-            x = nn.avg_pool(x, (2, 2), strides=(2, 2))
+            # A 2x2 convolution ('SAME': a zero row and column appended) as a dense layer on each
+            # cell's 2x2 patch. The ppo_minatar preset trains at ~4k env steps/s on one CPU core
+            # like this, at 612 with nn.Conv and nn.avg_pool (the MLP torso: 16k).
+            padded = jnp.pad(x, ((0, 0), (0, 1), (0, 1), (0, 0)))
+            height, width = x.shape[1:3]
+            patches = jnp.concatenate([padded[:, i:i + height, j:j + width] for i in (0, 1) for j in (0, 1)], -1)
+            x = nn.relu(nn.Dense(32, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(patches))
+            half_h, half_w = height // 2, width // 2  # 2x2 average pooling (an odd last row/column is dropped)
+            x = x[:, :2 * half_h, :2 * half_w].reshape(-1, half_h, 2, half_w, 2, x.shape[-1]).mean((2, 4))
         return x.reshape(batch_shape + (-1,))
 
 
