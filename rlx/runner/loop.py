@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from functools import partial
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import jax
@@ -101,6 +103,17 @@ def build_agent_config(agent_module, values: dict):
     return config
 
 
+def run_keys(seed, num_seeds: int):
+    """(training keys ``[seed]``, evaluation root key) of a run from its integer seed."""
+    train_key, eval_root = jax.random.split(jax.random.PRNGKey(seed))
+    return jax.random.split(train_key, num_seeds), eval_root
+
+
+def eval_keys(eval_root, updates_done, num_seeds: int):
+    """Evaluation keys ``[seed]`` after ``updates_done`` updates: fresh per evaluation, shared by grid points."""
+    return jax.random.split(jax.random.fold_in(eval_root, updates_done), num_seeds)
+
+
 class Programs:
     """The compiled programs of one run: init, a chunk of updates, evaluation.
 
@@ -112,7 +125,7 @@ class Programs:
     """
 
     def __init__(self, agent_module, config, env, env_params, settings: RunSettings, swept: bool,
-                 training: bool = True, layout: devices.Layout | None = None):
+                 training: bool = True, layout: devices.Layout | None = None, chunk_lengths: tuple = ()):
         self.agent_module, self.config, self.env, self.env_params = agent_module, config, env, env_params
         self.swept = swept
         self.layout = layout or devices.Layout(None, False, swept)
@@ -140,10 +153,22 @@ class Programs:
                              (self._config_spec(), keys_spec), state_spec)
         self.state_shape = init.eval_shape(config, keys)  # traced once: lowering below reuses it
         self.state_sharding = state_spec and jax.tree.map(lambda _: self.layout.sharding(state_spec), self.state_shape)
-        self.init = self._compile(init, config, keys) if training else None
         evaluation = self._program(self._per_run(run_evaluation, batched=(0,), shared=(1,)),
                                    (self._config_spec(), state_spec, keys_spec), state_spec)
-        self.evaluate = self._compile(evaluation, config, self.state_shape.policy, keys)
+        # slowest compilation first: chunks, init, evaluation
+        jobs = {("chunk", n): (self._chunk_program(n), config, self.state_shape) for n in sorted(set(chunk_lengths))}
+        if training:
+            jobs["init"] = (init, config, keys)
+        jobs["evaluate"] = (evaluation, config, self.state_shape.policy, keys)
+        if chunk_lengths:  # a training run: tiny, but compiled alongside rather than op by op afterwards
+            jobs["run_keys"] = (jax.jit(partial(run_keys, num_seeds=settings.num_seeds)), 0)
+            jobs["eval_keys"] = (jax.jit(partial(eval_keys, num_seeds=settings.num_seeds)),
+                                 jax.ShapeDtypeStruct((2,), jnp.uint32), 0)
+        compiled = self._compile_together(jobs)
+        self.init = compiled.get("init")
+        self.evaluate = compiled["evaluate"]
+        self.run_keys, self.eval_keys = compiled.get("run_keys"), compiled.get("eval_keys")
+        self._chunks.update({key[1]: program for key, program in compiled.items() if isinstance(key, tuple)})
 
     def _per_run(self, fn, batched: tuple, shared: tuple):
         """A program from ``fn(config, *args, config_axis)``, written for a batch of runs.
@@ -205,8 +230,20 @@ class Programs:
         return jax.jit(mapped, in_shardings=shardings[0], out_shardings=shardings[1])
 
     def _compile(self, program, *args):
+        return self._compile_together({"program": (program, *args)})["program"]
+
+    def _compile_together(self, jobs: dict) -> dict:
+        """``{name: (program, *args)}`` -> ``{name: compiled}``, each compiled while the next is lowered.
+
+        Lowering (tracing to MLIR) is Python; XLA's compilation runs outside the
+        GIL. Handing each lowered program to a compiler thread overlaps the two and
+        the programs' compilations with each other on a multi-core CPU. Put the
+        slowest-compiling program first.
+        """
         start = time.perf_counter()
-        compiled = program.lower(*args).compile()
+        with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+            futures = {name: pool.submit(program.lower(*args).compile) for name, (program, *args) in jobs.items()}
+            compiled = {name: future.result() for name, future in futures.items()}
         self.compile_seconds += time.perf_counter() - start
         return compiled
 
@@ -219,24 +256,26 @@ class Programs:
         between old and new state on every update cost a quarter of the speed.
         """
         if num_updates not in self._chunks:
-
-            def run_chunk(config, state, config_axis):
-                # metrics come out [update, run]; runs first, so that _per_run can split them by grid point
-                update = jax.vmap(lambda c, s: self._agent(c).update(s), in_axes=(config_axis, 0))
-                state, metrics = jax.lax.scan(lambda s, _: update(config, s), state, None, num_updates)
-                return state, jax.tree.map(lambda m: jnp.moveaxis(m, 0, 1), metrics)
-
-            def run_chunk_metrics_last(config, state):
-                state, metrics = self._per_run(run_chunk, batched=(0,), shared=())(config, state)
-                seed_axis = 2 if self.swept else 1  # [grid?, seed, update] -> [grid?, update, seed]
-                return state, jax.tree.map(lambda m: jnp.moveaxis(m, seed_axis - 1, seed_axis), metrics)
-
-            state_spec = self._spec(1 if self.swept else 0)
-            metrics_spec = self._spec(2 if self.swept else 1)
-            program = self._program(run_chunk_metrics_last, (self._config_spec(), state_spec),
-                                    (state_spec, metrics_spec))
-            self._chunks[num_updates] = self._compile(program, self.config, self.state_shape)
+            self._chunks[num_updates] = self._compile(self._chunk_program(num_updates), self.config, self.state_shape)
         return self._chunks[num_updates]
+
+    def _chunk_program(self, num_updates: int):
+        """The uncompiled program of ``chunk_program``."""
+
+        def run_chunk(config, state, config_axis):
+            # metrics come out [update, run]; runs first, so that _per_run can split them by grid point
+            update = jax.vmap(lambda c, s: self._agent(c).update(s), in_axes=(config_axis, 0))
+            state, metrics = jax.lax.scan(lambda s, _: update(config, s), state, None, num_updates)
+            return state, jax.tree.map(lambda m: jnp.moveaxis(m, 0, 1), metrics)
+
+        def run_chunk_metrics_last(config, state):
+            state, metrics = self._per_run(run_chunk, batched=(0,), shared=())(config, state)
+            seed_axis = 2 if self.swept else 1  # [grid?, seed, update] -> [grid?, update, seed]
+            return state, jax.tree.map(lambda m: jnp.moveaxis(m, seed_axis - 1, seed_axis), metrics)
+
+        state_spec = self._spec(1 if self.swept else 0)
+        metrics_spec = self._spec(2 if self.swept else 1)
+        return self._program(run_chunk_metrics_last, (self._config_spec(), state_spec), (state_spec, metrics_spec))
 
     def chunk(self, state, num_updates: int):
         """Run ``num_updates`` updates; metrics come back as ``[update, grid point, seed]`` arrays."""
@@ -337,7 +376,8 @@ def run_training(agent_module, grid, env, env_params, settings: RunSettings, run
     num_chunks = math.ceil(num_updates / chunk_updates)
     runs = grid.size * settings.num_seeds
     checkpointing = settings.checkpoint_every_chunks > 0
-    orbax_import = checkpoints.preload() if checkpointing or resume_from else None
+    # orbax takes ~1 s of CPU to import: at once when resuming, else after the first chunk's results are out
+    orbax_import = checkpoints.preload() if resume_from else None
 
     view = ProgressView(title, num_updates * steps_per_update * runs, settings.progress)
     metrics_path = run_dir / "metrics.jsonl"
@@ -347,20 +387,18 @@ def run_training(agent_module, grid, env, env_params, settings: RunSettings, run
         layout = devices.plan(settings.num_seeds, grid.size, grid.swept)
         if jax.device_count() > 1:
             view.message(devices.explain(layout, settings.num_seeds, grid.size))
-        programs = Programs(agent_module, config, env, env_params, settings, grid.swept, layout=layout)
-        root_key = jax.random.PRNGKey(settings.seed)
-        train_key, eval_root = jax.random.split(root_key)
-        programs.chunk_program(chunk_updates)  # compiled before the clock starts
+        # every program compiled before the clock starts: all chunk lengths, init (unless resuming), evaluation
+        lengths = {chunk_updates, num_updates % chunk_updates} - {0}
+        programs = Programs(agent_module, config, env, env_params, settings, grid.swept,
+                            training=resume_from is None, layout=layout, chunk_lengths=tuple(lengths))
+        train_keys, eval_root = programs.run_keys(settings.seed)
         if resume_from is not None:
             orbax_import.join()
             state, progress = checkpoints.restore_latest(resume_from, programs.abstract_state())
             progress = Progress(**progress)
             records = artifacts.truncate_metrics(metrics_path, progress.updates_done)
         else:
-            state, progress = programs.init(config, jax.random.split(train_key, settings.num_seeds)), Progress()
-        if checkpointing:
-            orbax_import.join()
-            checkpointer = checkpoints.Checkpointer(run_dir)
+            state, progress = programs.init(config, train_keys), Progress()
         writer = artifacts.MetricsWriter(metrics_path)
         run_start, run_seconds, steps_this_process = time.time(), 0.0, 0
         for chunk in range(progress.chunks_done, num_chunks):
@@ -380,8 +418,8 @@ def run_training(agent_module, grid, env, env_params, settings: RunSettings, run
             last = chunk == num_chunks - 1
             if (chunk + 1) % settings.eval_every_chunks == 0 or last:
                 tick = time.perf_counter()
-                eval_keys = jax.random.split(jax.random.fold_in(eval_root, progress.updates_done), settings.num_seeds)
-                final_eval = programs.evaluation(state, eval_keys)
+                keys = programs.eval_keys(eval_root, progress.updates_done)
+                final_eval = programs.evaluation(state, keys)
                 run_seconds += time.perf_counter() - tick
                 record["eval_return"] = nested(final_eval.mean(axis=2), grid.swept)
                 record["time"] = time.time()
@@ -392,7 +430,12 @@ def run_training(agent_module, grid, env, env_params, settings: RunSettings, run
                 logger.chunk(record)
             reached = (settings.stop_at_return is not None and final_eval is not None and "eval_return" in record
                        and final_eval.mean(axis=2).mean(axis=1).max() >= settings.stop_at_return)
+            if checkpointing and orbax_import is None:
+                orbax_import = checkpoints.preload()
             if checkpointing and ((chunk + 1) % settings.checkpoint_every_chunks == 0 or last or reached):
+                if checkpointer is None:
+                    orbax_import.join()
+                    checkpointer = checkpoints.Checkpointer(run_dir)
                 checkpointer.save(progress.updates_done, state, progress.as_dict())
             shown = final_eval.mean(axis=2) if "eval_return" in record else metrics["train_return"][-1]
             view.update(env_steps * runs, record["steps_per_second"], "eval" if "eval_return" in record else "train",
@@ -411,8 +454,7 @@ def run_training(agent_module, grid, env, env_params, settings: RunSettings, run
             artifacts.plot_learning_curve(records, run_dir / "learning_curve.png", title, labels)
 
     if final_eval is None:  # resumed from a checkpoint of a finished run
-        eval_keys = jax.random.split(jax.random.fold_in(eval_root, progress.updates_done), settings.num_seeds)
-        final_eval = programs.evaluation(state, eval_keys)
+        final_eval = programs.evaluation(state, programs.eval_keys(eval_root, progress.updates_done))
     result = {
         "status": status,
         "final_eval": final_evaluation(final_eval[0], settings),
