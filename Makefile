@@ -5,8 +5,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed$(if $(strip $(EXTRAS)),-$(strip $(EXTRAS)))
 DEV_STAMP := $(VENV)/.installed-dev
+# POGEMA (for the MAPF conformance test and benchmark) pins gymnasium, numpy and pydantic below ours: own venv.
+POGEMA_VENV := .venv-pogema
+POGEMA_STAMP := $(POGEMA_VENV)/.installed
+POGEMA_PINS := pogema==1.4.0 gymnasium==0.28.1 numpy==1.26.4 pydantic==1.9.1
 
-.PHONY: train test test-all bench clean
+.PHONY: train test test-all bench pogema clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,14 +27,21 @@ $(DEV_STAMP): pyproject.toml $(STAMP)
 train: $(STAMP)  ## create .venv, install, train the default experiment
 	$(BIN)/python -m rlx.train +exp=ppo_cartpole
 
-test: $(DEV_STAMP)  ## install with dev extras and run the fast suite
+$(POGEMA_STAMP):
+	$(PYTHON) -m venv $(POGEMA_VENV)
+	$(POGEMA_VENV)/bin/pip install --quiet $(POGEMA_PINS)
+	touch $@
+
+pogema: $(POGEMA_STAMP)  ## the POGEMA venv alone
+
+test: $(DEV_STAMP) $(POGEMA_STAMP)  ## install with dev extras and run the fast suite
 	$(BIN)/python -m pytest -m "not slow" tests
 
-test-all: $(DEV_STAMP)  ## every test, the slow ones included
+test-all: $(DEV_STAMP) $(POGEMA_STAMP)  ## every test, the slow ones included
 	$(BIN)/python -m pytest tests
 
 bench: $(STAMP)  ## speed comparison with rejax and Stable-Baselines3 (builds their venvs in .bench/)
 	$(BIN)/python scripts/bench_ppo.py
 
 clean:
-	rm -rf $(VENV) .bench .pytest_cache runs outputs
+	rm -rf $(VENV) $(POGEMA_VENV) .bench .pytest_cache runs outputs

@@ -37,9 +37,7 @@ JaxMARL is an optional dependency: ``pip install jaxmarl``.
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
-import sys
 import types
 from typing import Any
 
@@ -48,7 +46,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from rlx.envs.multi_agent import MultiAgentEnv, MultiAgentParams
-from rlx.envs.registry import import_env_module
+from rlx.envs.registry import import_env_module, import_skipping_package_init
 from rlx.errors import ConfigError, UnknownNameError
 
 spaces = import_env_module("gymnax.environments.spaces")
@@ -65,30 +63,11 @@ def import_jaxmarl_module(module_name: str) -> types.ModuleType:
     """Import one JaxMARL module without running the package ``__init__`` files above it.
 
     ``import jaxmarl`` imports every environment (storm, jaxnav, coin game, brax's MABrax, ...:
-    about 6 s on a 2-core machine) and prints two lines. As ``registry.import_env_module`` does
-    for gymnax, placeholder package modules let Python find ``module_name`` on the real package
-    path; they are removed afterwards, so a later ``import jaxmarl`` runs the real ``__init__``
-    and reuses the modules (and classes) already loaded.
+    about 6 s on a 2-core machine) and prints two lines.
     """
     if importlib.util.find_spec("jaxmarl") is None:
         raise ConfigError("jaxmarl is not installed; pip install jaxmarl (see pyproject.toml for the version)")
-    if "jaxmarl" in sys.modules:
-        return importlib.import_module(module_name)
-    parts = module_name.split(".")
-    placeholders = []
-    path = list(importlib.util.find_spec("jaxmarl").submodule_search_locations)
-    for depth in range(1, len(parts)):
-        package = ".".join(parts[:depth])
-        module = types.ModuleType(package)
-        module.__path__ = path
-        sys.modules[package] = module
-        placeholders.append(package)
-        path = [f"{path[0]}/{parts[depth]}"]
-    try:
-        return importlib.import_module(module_name)
-    finally:
-        for package in placeholders:
-            sys.modules.pop(package, None)
+    return import_skipping_package_init(module_name)
 
 
 def smax_maps() -> list[str]:

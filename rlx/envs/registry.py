@@ -84,16 +84,25 @@ def import_env_module(module_name: str) -> types.ModuleType:
 
     ``import gymnax`` loads every environment family plus matplotlib, seaborn and
     scipy (about 1.8 s on a 2-core machine) although one classic-control module
-    needs none of them. Placeholder package modules let Python find the
-    submodule on the real package path; they are removed afterwards, so a later
-    ``import gymnax`` runs the real ``__init__`` and reuses the same classes.
+    needs none of them.
     """
-    if not module_name.startswith("gymnax.") or "gymnax" in sys.modules:
+    if not module_name.startswith("gymnax."):
         return importlib.import_module(module_name)
+    return import_skipping_package_init(module_name)
+
+
+def import_skipping_package_init(module_name: str) -> types.ModuleType:
+    """Import ``a.b.c`` without running the ``__init__`` of packages ``a`` and ``a.b`` (if ``a`` is not loaded).
+
+    Placeholder package modules let Python find the submodule on the real
+    package path; they are removed afterwards, so a later ``import a`` runs the
+    real ``__init__`` and reuses the modules (and classes) already loaded.
+    """
     parts = module_name.split(".")
+    if parts[0] in sys.modules:
+        return importlib.import_module(module_name)
     placeholders = []
-    spec = importlib.util.find_spec("gymnax")
-    path = list(spec.submodule_search_locations)
+    path = list(importlib.util.find_spec(parts[0]).submodule_search_locations)
     for depth in range(1, len(parts)):
         package = ".".join(parts[:depth])
         module = types.ModuleType(package)

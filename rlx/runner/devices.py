@@ -31,11 +31,10 @@ class Layout:
     def active(self) -> bool:
         return self.mesh is not None
 
-    def spec(self, seed_axis: int) -> PartitionSpec:
-        """Spec of an array whose seed axis is at ``seed_axis`` (the grid axis, if swept, is axis 0)."""
-        if self.split_grid:
-            return PartitionSpec(AXIS)
-        return PartitionSpec(*([None] * seed_axis), AXIS)
+    def spec(self, seed_axis: int, grid_axis: int = 0) -> PartitionSpec:
+        """Spec of an array with its seed axis at ``seed_axis`` (and, if swept, its grid axis at ``grid_axis``)."""
+        split_axis = grid_axis if self.split_grid else seed_axis
+        return PartitionSpec(*([None] * split_axis), AXIS)
 
     def replicated(self) -> PartitionSpec:
         return PartitionSpec()

@@ -170,7 +170,7 @@ class Programs:
         self.run_keys, self.eval_keys = compiled.get("run_keys"), compiled.get("eval_keys")
         self._chunks.update({key[1]: program for key, program in compiled.items() if isinstance(key, tuple)})
 
-    def _per_run(self, fn, batched: tuple, shared: tuple):
+    def _per_run(self, fn, batched: tuple, shared: tuple, out_run_axes: tuple | None = None):
         """A program from ``fn(config, *args, config_axis)``, written for a batch of runs.
 
         ``fn`` maps over a leading run axis of its arguments, and over the config's leaves when
@@ -178,9 +178,10 @@ class Programs:
         (``config_axis`` None). With one, the grid and seed axes merge into one run axis: the
         config's leaves ``[grid]`` are repeated for each seed, argument positions in ``batched``
         (``[grid, seed, ...]``) are reshaped, those in ``shared`` (``[seed, ...]``: keys, which
-        every grid point shares) are tiled, and the outputs ``[grid * seed, ...]`` are split
-        back. One flat run axis instead of a vmap over the grid of a vmap over seeds: the same
-        arithmetic, but XLA compiles it in about half the time.
+        every grid point shares) are tiled, and the run axis of the outputs (axis 0, or
+        ``out_run_axes[i]`` for output ``i`` of a tuple) is split back into ``grid, seed``. One
+        flat run axis instead of a vmap over the grid of a vmap over seeds: the same arithmetic,
+        but XLA compiles it in about half the time.
         """
         if not self.swept:
             return lambda config, *args: fn(config, *args, config_axis=None)
@@ -196,7 +197,13 @@ class Programs:
                 args[i] = jax.tree.map(lambda x: jnp.tile(x, (grid,) + (1,) * (x.ndim - 1)), args[i])
             runs_config = jax.tree.map(lambda c: jnp.repeat(c, seeds, axis=0), config)
             out = fn(runs_config, *args, config_axis=0)
-            return jax.tree.map(lambda x: x.reshape((grid, seeds) + x.shape[1:]), out)
+
+            def split(tree, axis):
+                return jax.tree.map(lambda x: x.reshape(x.shape[:axis] + (grid, seeds) + x.shape[axis + 1:]), tree)
+
+            if out_run_axes is None:
+                return split(out, 0)
+            return tuple(split(part, axis) for part, axis in zip(out, out_run_axes))
 
         return swept
 
@@ -211,8 +218,8 @@ class Programs:
         return jax.tree.map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
                             self.state_shape, self.state_sharding)
 
-    def _spec(self, seed_axis: int):
-        return self.layout.spec(seed_axis) if self.layout.active else None
+    def _spec(self, seed_axis: int, grid_axis: int = 0):
+        return self.layout.spec(seed_axis, grid_axis) if self.layout.active else None
 
     def _replicated(self):
         return self.layout.replicated() if self.layout.active else None
@@ -263,27 +270,20 @@ class Programs:
         """The uncompiled program of ``chunk_program``."""
 
         def run_chunk(config, state, config_axis):
-            # metrics come out [update, run]; runs first, so that _per_run can split them by grid point
             update = jax.vmap(lambda c, s: self._agent(c).update(s), in_axes=(config_axis, 0))
-            state, metrics = jax.lax.scan(lambda s, _: update(config, s), state, None, num_updates)
-            return state, jax.tree.map(lambda m: jnp.moveaxis(m, 0, 1), metrics)
+            return jax.lax.scan(lambda s, _: update(config, s), state, None, num_updates)
 
-        def run_chunk_metrics_last(config, state):
-            state, metrics = self._per_run(run_chunk, batched=(0,), shared=())(config, state)
-            seed_axis = 2 if self.swept else 1  # [grid?, seed, update] -> [grid?, update, seed]
-            return state, jax.tree.map(lambda m: jnp.moveaxis(m, seed_axis - 1, seed_axis), metrics)
-
+        # state [grid?, seed, ...]; metrics [update, grid?, seed]
         state_spec = self._spec(1 if self.swept else 0)
-        metrics_spec = self._spec(2 if self.swept else 1)
-        return self._program(run_chunk_metrics_last, (self._config_spec(), state_spec), (state_spec, metrics_spec))
+        metrics_spec = self._spec(2 if self.swept else 1, grid_axis=1)
+        return self._program(self._per_run(run_chunk, batched=(0,), shared=(), out_run_axes=(0, 1)),
+                             (self._config_spec(), state_spec), (state_spec, metrics_spec))
 
     def chunk(self, state, num_updates: int):
         """Run ``num_updates`` updates; metrics come back as ``[update, grid point, seed]`` arrays."""
         state, metrics = self.chunk_program(num_updates)(self.config, state)
         metrics = jax.device_get(metrics)
-        if self.swept:  # [grid, update, seed] -> [update, grid, seed]
-            return state, {name: np.swapaxes(v, 0, 1) for name, v in metrics.items()}
-        return state, {name: v[:, None] for name, v in metrics.items()}
+        return state, metrics if self.swept else {name: v[:, None] for name, v in metrics.items()}
 
     def evaluation(self, state, keys) -> np.ndarray:
         """Evaluation returns, ``[grid point, seed, episode]``."""

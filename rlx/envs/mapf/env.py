@@ -1,0 +1,411 @@
+"""A vectorised multi-agent path finding environment with POGEMA's semantics, in JAX.
+
+Agents move on a 4-connected grid (actions: 0 wait, 1 up, 2 down, 3 left,
+4 right; a move into an obstacle or off the map is a wait). Each agent sees a
+``(2R+1) x (2R+1)`` window around itself with three channels (obstacles,
+agents, its target projected onto the window's border when outside it),
+channels last. The environment follows the array-per-agent contract of
+``rlx.envs.multi_agent``.
+
+Instances (map, starts, goal sequences) come from a pool in the parameters,
+made on the host by ``rlx.envs.mapf.instances``; ``reset`` draws one, so maps
+of different sizes batch together (each stored at the pool's maximum size,
+padded with obstacles, with its true size alongside).
+
+Collision systems, as POGEMA 1.4 resolves a joint move (``t_i``: agent i's
+target cell, ``p_i``: its cell):
+
+- ``soft``: swaps are refused; then, until nothing changes, every cell wanted
+  by several agents goes to the agent already standing there if any, else to
+  the lowest index, and the others wait (a cascade). Following and rotations
+  of three or more agents are allowed.
+- ``priority``: agents move one at a time in index order into cells free at
+  that moment (a follower must have a higher index than the agent it follows).
+- ``block_both``: an agent moves only if its target is free at the start of the
+  step and wanted by no other agent.
+
+``on_target`` modes: ``finish`` (an agent on its goal gets +1, terminates and
+leaves the grid), ``nothing`` (classical MAPF: every agent gets +1 and the
+episode ends only when all stand on their goals at once), ``restart``
+(lifelong: +1 on arrival and the next goal of the agent's sequence, or a
+uniformly random cell of its connected component, at once).
+
+Deliberate difference from POGEMA: under ``soft`` collisions POGEMA's agents
+channel can miss an agent that followed a higher-index agent (its occupancy map
+is written in index order); ours is drawn from the positions, so it never does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from rlx.envs.multi_agent import MultiAgentEnv
+from rlx.envs.registry import import_env_module
+from rlx.errors import ConfigError
+
+spaces = import_env_module("gymnax.environments.spaces")
+
+MOVES = np.array([[0, 0], [-1, 0], [1, 0], [0, -1], [0, 1]], np.int32)  # wait, up, down, left, right
+COLLISION_SYSTEMS = ("soft", "priority", "block_both")
+ON_TARGET_MODES = ("finish", "nothing", "restart")
+
+
+@struct.dataclass
+class MapfParams:
+    """A pool of instances at a common maximum size ``H x W`` with ``N`` agent slots and goal sequences of length ``K``.
+
+    ``blocked`` is True on obstacles and outside each map's true ``sizes``;
+    ``agent_mask`` is False for unused agent slots (maps with fewer agents);
+    ``components`` labels each map's connected free regions (-1 on obstacles),
+    used to draw lifelong goals when ``random_goals`` is set.
+    """
+
+    blocked: jax.Array        # bool[M, H, W]
+    sizes: jax.Array          # int32[M, 2] (height, width)
+    starts: jax.Array         # int32[M, N, 2] (row, column)
+    goals: jax.Array          # int32[M, N, K, 2]
+    agent_mask: jax.Array     # bool[M, N]
+    components: jax.Array     # int32[M, H, W]
+    random_goals: bool = struct.field(pytree_node=False, default=False)
+    max_steps_in_episode: int = 64
+
+
+@struct.dataclass
+class MapfState:
+    instance: jax.Array       # which pool entry
+    positions: jax.Array      # int32[N, 2]
+    goal_index: jax.Array     # int32[N]: position in the goal sequence
+    goals: jax.Array          # int32[N, 2]: the current goals
+    active: jax.Array         # bool[N]: on the grid and acting (not finished, slot in use)
+    arrived_at: jax.Array     # int32[N]: step of the last arrival on the current goal (0: none)
+    on_goal_since: jax.Array  # int32[N]: first step of the current uninterrupted stay on the goal (0: not on it)
+    goals_reached: jax.Array  # int32: goal arrivals so far (every mode)
+    time: jax.Array           # int32
+    key: jax.Array
+
+
+class MapfEnv(MultiAgentEnv):
+    """POGEMA-style MAPF over an instance pool; ``num_agents`` slots, observation radius ``obs_radius``."""
+
+    def __init__(self, num_agents: int, obs_radius: int = 5, collision_system: str = "soft",
+                 on_target: str = "nothing", pool: MapfParams | None = None):
+        if collision_system not in COLLISION_SYSTEMS:
+            raise ConfigError(f"collision_system={collision_system!r}: valid: {', '.join(COLLISION_SYSTEMS)}")
+        if on_target not in ON_TARGET_MODES:
+            raise ConfigError(f"on_target={on_target!r}: valid: {', '.join(ON_TARGET_MODES)}")
+        if obs_radius < 1:
+            raise ConfigError(f"obs_radius={obs_radius}: must be >= 1")
+        self.num_agents = num_agents
+        self.obs_radius = obs_radius
+        self.collision_system = collision_system
+        self.on_target = on_target
+        self._pool = pool
+
+    @property
+    def default_params(self) -> MapfParams:
+        if self._pool is None:
+            raise ConfigError("MapfEnv needs an instance pool: MapfEnv(..., pool=instances.pool(...))")
+        return self._pool
+
+    @property
+    def name(self) -> str:
+        return f"MAPF-{self.collision_system}-{self.on_target}"
+
+    # -- reset and step ------------------------------------------------------------------------------
+    def reset_env(self, key, params: MapfParams):
+        pick_key, key = jax.random.split(key)
+        instance = jax.random.randint(pick_key, (), 0, params.blocked.shape[0])
+        return self.reset_to(instance, key, params)
+
+    def reset_to(self, instance, key, params: MapfParams):
+        """(observations, state) of pool entry ``instance`` at time 0."""
+        n = self.num_agents
+        positions = params.starts[instance]
+        state = MapfState(
+            instance=jnp.asarray(instance, jnp.int32),
+            positions=positions,
+            goal_index=jnp.zeros(n, jnp.int32),
+            goals=params.goals[instance, :, 0],
+            active=params.agent_mask[instance],
+            arrived_at=jnp.zeros(n, jnp.int32),
+            on_goal_since=jnp.zeros(n, jnp.int32),
+            goals_reached=jnp.asarray(0, jnp.int32),
+            time=jnp.asarray(0, jnp.int32),
+            key=key,
+        )
+        return self.observations(state, params), state
+
+    def step_env(self, key, state: MapfState, actions, params: MapfParams):
+        blocked = params.blocked[state.instance]
+        size = params.sizes[state.instance]
+        positions = move(self.collision_system, blocked, size, state.positions, actions, state.active)
+        time = state.time + 1
+        present = params.agent_mask[state.instance]
+        on_goal = jnp.all(positions == state.goals, axis=-1) & present
+        arriving = on_goal & state.active
+        newly = arriving & (state.on_goal_since == 0)  # was not on this goal before the step
+        state = state.replace(positions=positions, time=time,
+                              on_goal_since=jnp.where(on_goal, jnp.where(newly, time, state.on_goal_since), 0),
+                              goals_reached=state.goals_reached + jnp.sum(newly),
+                              arrived_at=jnp.where(newly & (state.arrived_at == 0), time, state.arrived_at))
+        if self.on_target == "finish":
+            rewards = arriving.astype(jnp.float32)
+            state = state.replace(active=state.active & ~on_goal)
+            terminated = ~state.active
+        elif self.on_target == "nothing":
+            solved = jnp.all(on_goal | ~present)
+            rewards = jnp.full(self.num_agents, solved, jnp.float32) * present
+            terminated = jnp.broadcast_to(solved, (self.num_agents,)) | ~present
+        else:
+            rewards = arriving.astype(jnp.float32)
+            state = self._next_goals(key, state, arriving, params)
+            terminated = ~present
+            on_goal = jnp.all(positions == state.goals, axis=-1) & present  # the new goals, as POGEMA reports
+        info = {"on_goal": on_goal, **self.metrics(state, params)}
+        return self.observations(state, params), state, rewards, terminated, info
+
+    def _next_goals(self, key, state: MapfState, arriving, params: MapfParams) -> MapfState:
+        """Lifelong mode: each arriving agent's next goal, from its sequence or drawn in its component."""
+        if params.random_goals:
+            components = params.components[state.instance]
+            drawn = jax.vmap(random_cell_in_component, in_axes=(0, None, 0))(
+                jax.random.split(key, self.num_agents), components, state.positions)
+            goals = jnp.where(arriving[:, None], drawn, state.goals)
+            index = state.goal_index + arriving
+        else:
+            length = params.goals.shape[2]
+            index = jnp.where(arriving, (state.goal_index + 1) % length, state.goal_index)
+            goals = params.goals[state.instance, jnp.arange(self.num_agents), index]
+        return state.replace(goals=goals, goal_index=index,
+                             arrived_at=jnp.where(arriving, 0, state.arrived_at),
+                             on_goal_since=jnp.where(arriving, 0, state.on_goal_since))
+
+    # -- what agents and critics see ----------------------------------------------------------------
+    def observations(self, state: MapfState, params: MapfParams) -> jax.Array:
+        """``float32[N, 2R+1, 2R+1, 3]``: obstacles, agents (self included), projected target."""
+        r = self.obs_radius
+        blocked = params.blocked[state.instance]
+        padded = pogema_padding(blocked, params.sizes[state.instance], r)
+        occupancy = jnp.zeros(padded.shape, jnp.float32).at[
+            state.positions[:, 0] + r, state.positions[:, 1] + r].max(state.active.astype(jnp.float32))
+        window = 2 * r + 1
+
+        def one(position, goal):
+            obstacles = jax.lax.dynamic_slice(padded, (position[0], position[1]), (window, window))
+            agents = jax.lax.dynamic_slice(occupancy, (position[0], position[1]), (window, window))
+            offset = jnp.clip(goal - position, -r, r) + r
+            target = jnp.zeros((window, window), jnp.float32).at[offset[0], offset[1]].set(1.0)
+            return jnp.stack([obstacles.astype(jnp.float32), agents, target], axis=-1)
+
+        return jax.vmap(one)(state.positions, state.goals)
+
+    def world_state(self, state: MapfState, params: MapfParams) -> jax.Array:
+        """``float32[H, W, 4]``: obstacles, active agents, their goals, and the time left as a constant plane."""
+        blocked = params.blocked[state.instance]
+        weight = state.active.astype(jnp.float32)
+        agents = jnp.zeros(blocked.shape, jnp.float32).at[state.positions[:, 0], state.positions[:, 1]].max(weight)
+        goals = jnp.zeros(blocked.shape, jnp.float32).at[state.goals[:, 0], state.goals[:, 1]].max(weight)
+        left = jnp.full(blocked.shape, 1.0 - state.time / params.max_steps_in_episode, jnp.float32)
+        return jnp.stack([blocked.astype(jnp.float32), agents, goals, left], axis=-1)
+
+    def metrics(self, state: MapfState, params: MapfParams) -> dict:
+        """POGEMA's episode metrics of the state so far (read them on the step the episode ends).
+
+        ``isr``: fraction of agents on their goal (``finish``: that ever reached it);
+        ``csr``: 1 if all are; ``soc``: sum over agents of the step from which
+        each stayed on its goal (``finish``: its arrival step), or the steps so far
+        if it is not there; ``makespan``: the largest of those; ``throughput``:
+        goals reached per step so far.
+        """
+        present = params.agent_mask[state.instance]
+        count = jnp.maximum(jnp.sum(present), 1)
+        if self.on_target == "finish":
+            done = (state.arrived_at > 0) & present
+            cost = jnp.where(done, state.arrived_at, state.time)
+        else:
+            done = (state.on_goal_since > 0) & present
+            cost = jnp.where(done, state.on_goal_since, state.time)
+        cost = jnp.where(present, cost, 0)
+        return {
+            "isr": jnp.sum(done) / count,
+            "csr": jnp.all(done | ~present).astype(jnp.float32),
+            "soc": jnp.sum(cost).astype(jnp.float32),
+            "makespan": jnp.max(cost).astype(jnp.float32),
+            "throughput": state.goals_reached / jnp.maximum(state.time, 1),
+        }
+
+    def observation_space(self, params):
+        window = 2 * self.obs_radius + 1
+        return spaces.Box(0.0, 1.0, (window, window, 3), jnp.float32)
+
+    def action_space(self, params):
+        return spaces.Discrete(len(MOVES))
+
+    def world_state_space(self, params):
+        return spaces.Box(0.0, 1.0, params.blocked.shape[1:] + (4,), jnp.float32)
+
+    def alive(self, state: MapfState, params) -> jax.Array:
+        return state.active
+
+
+# -- movement ------------------------------------------------------------------------------------------
+
+
+def targets_of(blocked, size, positions, actions):
+    """(wanted cells ``[N, 2]``, whether each is inside the map and free)."""
+    wanted = positions + jnp.asarray(MOVES)[actions]
+    inside = jnp.all((wanted >= 0) & (wanted < size), axis=-1)
+    safe = jnp.clip(wanted, 0, jnp.asarray(blocked.shape) - 1)
+    return wanted, inside & ~blocked[safe[:, 0], safe[:, 1]]
+
+
+def move(collision_system: str, blocked, size, positions, actions, active):
+    """New positions ``[N, 2]`` after one joint move; inactive agents neither move nor block."""
+    wanted, valid = targets_of(blocked, size, positions, actions)
+    moving = active & (actions != 0) & valid
+    if collision_system == "soft":
+        stays = soft_stays(blocked.shape, positions, wanted, moving, active)
+    elif collision_system == "block_both":
+        stays = block_both_stays(blocked.shape, positions, wanted, moving, active)
+    else:
+        return priority_move(blocked.shape, positions, wanted, moving, active)
+    return jnp.where(stays[:, None], positions, wanted)
+
+
+def cell_ids(cells, shape):
+    return cells[:, 0] * shape[1] + cells[:, 1]
+
+
+def occupant_grid(shape, positions, active):
+    """``int32[H * W]``: the index of the active agent on each cell, -1 where none."""
+    n = positions.shape[0]
+    ids = jnp.where(active, cell_ids(positions, shape), shape[0] * shape[1])  # inactive: dropped
+    return jnp.full(shape[0] * shape[1], -1, jnp.int32).at[ids].set(jnp.arange(n, dtype=jnp.int32), mode="drop")
+
+
+def soft_stays(shape, positions, wanted, moving, active):
+    """Who waits under ``soft`` collisions: swaps refused, then contested cells resolved until stable."""
+    n = positions.shape[0]
+    cells = shape[0] * shape[1]
+    index = jnp.arange(n, dtype=jnp.int32)
+    occupant = occupant_grid(shape, positions, active)
+    here, there = cell_ids(positions, shape), cell_ids(wanted, shape)
+    other = jnp.where(moving, occupant[jnp.where(moving, there, 0)], -1)
+    swap = moving & (other >= 0) & moving[other] & (there[other] == here)
+    stays = ~moving | swap
+
+    def resolve(carry):
+        stays, _ = carry
+        dest = jnp.where(active, jnp.where(stays, here, there), cells)  # inactive agents claim nothing
+        stayer = jnp.zeros(cells + 1, bool).at[dest].max(stays & active)
+        lowest = jnp.full(cells + 1, n, jnp.int32).at[dest].min(index)
+        lost = active & ~stays & (stayer[dest] | (lowest[dest] != index))
+        return stays | lost, jnp.any(lost)
+
+    stays, _ = jax.lax.while_loop(lambda carry: carry[1], resolve, (stays, jnp.asarray(True)))
+    return stays
+
+
+def block_both_stays(shape, positions, wanted, moving, active):
+    """Who waits under ``block_both``: a target occupied at the start, or wanted by another agent, blocks."""
+    cells = shape[0] * shape[1]
+    occupant = occupant_grid(shape, positions, active)
+    there = jnp.where(moving, cell_ids(wanted, shape), cells)  # waiting agents are covered by the occupancy
+    claims = jnp.zeros(cells + 1, jnp.int32).at[there].add(1)
+    free = occupant[jnp.minimum(there, cells - 1)] < 0
+    return ~(moving & free & (claims[there] == 1))
+
+
+def priority_move(shape, positions, wanted, moving, active):
+    """``priority``: agents in index order, each into its target if no active agent stands there now."""
+    occupied = jnp.zeros(shape, bool).at[positions[:, 0], positions[:, 1]].max(active)
+
+    def one(occupied, agent):
+        position, target, go = agent
+        go = go & ~occupied[target[0], target[1]]
+        new = jnp.where(go, target, position)
+        occupied = occupied.at[position[0], position[1]].set(occupied[position[0], position[1]] & ~go)
+        occupied = occupied.at[new[0], new[1]].max(go)
+        return occupied, new
+
+    _, positions = jax.lax.scan(one, occupied, (positions, wanted, moving))
+    return positions
+
+
+# -- grids ------------------------------------------------------------------------------------------
+
+
+def pogema_padding(blocked, size, radius: int):
+    """The map as observations see it: ``[H + 2R, W + 2R]``, a ring of obstacles around the map's true
+    ``size`` and free cells beyond it (as POGEMA pads)."""
+    height, width = blocked.shape
+    rows = jnp.arange(height + 2 * radius)[:, None] - radius
+    cols = jnp.arange(width + 2 * radius)[None, :] - radius
+    inside = (rows >= 0) & (rows < size[0]) & (cols >= 0) & (cols < size[1])
+    ring = (rows >= -1) & (rows <= size[0]) & (cols >= -1) & (cols <= size[1]) & ~inside
+    padded_map = jnp.pad(blocked, radius, constant_values=True)
+    return jnp.where(inside, padded_map, ring)
+
+
+def random_cell_in_component(key, components, position):
+    """A uniformly random cell of ``position``'s component other than ``position`` (itself if it is alone)."""
+    label = components[position[0], position[1]]
+    flat = components.reshape(-1)
+    here = position[0] * components.shape[1] + position[1]
+    allowed = (flat == label) & (jnp.arange(flat.size) != here)
+    choice = jax.random.categorical(key, jnp.where(allowed, 0.0, -jnp.inf))
+    choice = jnp.where(jnp.any(allowed), choice, here)
+    return jnp.stack([choice // components.shape[1], choice % components.shape[1]]).astype(jnp.int32)
+
+
+def distance_fields(blocked, goals, size) -> jax.Array:
+    """``int32[N, H, W]``: shortest-path distance from every cell to each goal (breadth-first, in JAX).
+
+    Unreachable and blocked cells get ``H * W``. Iterates relaxations until no
+    distance changes (as many as the longest shortest path).
+    """
+    height, width = blocked.shape
+    far = height * width
+    rows, cols = jnp.arange(height)[:, None], jnp.arange(width)[None, :]
+    walls = blocked | (rows >= size[0]) | (cols >= size[1])
+
+    def one(goal):
+        start = jnp.full((height, width), far, jnp.int32).at[goal[0], goal[1]].set(0)
+
+        def relax(carry):
+            dist, _ = carry
+            padded = jnp.pad(dist, 1, constant_values=far)
+            neighbour = jnp.minimum(jnp.minimum(padded[:-2, 1:-1], padded[2:, 1:-1]),
+                                    jnp.minimum(padded[1:-1, :-2], padded[1:-1, 2:]))
+            new = jnp.where(walls, far, jnp.minimum(dist, neighbour + 1))
+            return new, jnp.any(new != dist)
+
+        dist, _ = jax.lax.while_loop(lambda carry: carry[1], relax, (start, jnp.asarray(True)))
+        return dist
+
+    return jax.vmap(one)(goals)
+
+
+def shortest_path_actions(distances, positions) -> jax.Array:
+    """``int32[N]``: for each agent, a move (1-4) that lowers its distance to the goal, 0 if none does."""
+    height, width = distances.shape[1:]
+
+    def one(dist, position):
+        cells = position + jnp.asarray(MOVES)
+        inside = jnp.all((cells >= 0) & (cells < jnp.array([height, width])), axis=-1)
+        safe = jnp.clip(cells, 0, jnp.array([height, width]) - 1)
+        values = jnp.where(inside, dist[safe[:, 0], safe[:, 1]], height * width + 1)
+        best = jnp.argmin(values)
+        return jnp.where(values[best] < values[0], best, 0).astype(jnp.int32)
+
+    return jax.vmap(one)(distances, positions)
+
+
+def env_info(env: MapfEnv) -> dict[str, Any]:
+    return {"num_agents": env.num_agents, "obs_radius": env.obs_radius, "collision_system": env.collision_system,
+            "on_target": env.on_target}

@@ -1,0 +1,100 @@
+"""Instance pools for ``MapfEnv``: maps, starts and goal sequences stacked at a common size.
+
+A pool is the environment's parameters (``MapfParams``). It is made once on
+the host from explicit instances, or drawn the way POGEMA's benchmark draws
+random maps, and then lives on the device; ``reset`` picks an entry.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from rlx.envs.mapf import maps
+from rlx.envs.mapf.env import MapfParams
+from rlx.errors import ConfigError
+
+
+def from_instances(instances: list[tuple], max_steps_in_episode: int = 64, random_goals: bool = False,
+                   num_agents: int | None = None, shape: tuple[int, int] | None = None) -> MapfParams:
+    """A pool from ``(blocked [h, w], starts [n, 2], goals [n, 2] or [n, k, 2])`` instances.
+
+    Maps are padded with obstacles to the largest (or the given ``shape``),
+    agent slots to the most agents (or ``num_agents``; unused slots are masked
+    out), goal sequences to the longest by repeating each one cyclically.
+    """
+    if not instances:
+        raise ConfigError("an instance pool needs at least one instance")
+    goal_lists = [np.asarray(g, np.int32).reshape(len(s), -1, 2) for _, s, g in instances]
+    height = max(np.shape(b)[0] for b, _, _ in instances)
+    width = max(np.shape(b)[1] for b, _, _ in instances)
+    if shape is not None:
+        if shape[0] < height or shape[1] < width:
+            raise ConfigError(f"pool shape {shape} is smaller than a map ({height} x {width})")
+        height, width = shape
+    slots = num_agents or max(len(s) for _, s, _ in instances)
+    length = max(g.shape[1] for g in goal_lists)
+    count = len(instances)
+    blocked = np.ones((count, height, width), bool)
+    sizes = np.zeros((count, 2), np.int32)
+    starts = np.zeros((count, slots, 2), np.int32)
+    goals = np.zeros((count, slots, length, 2), np.int32)
+    mask = np.zeros((count, slots), bool)
+    components = np.full((count, height, width), -1, np.int32)
+    for i, ((grid, agent_starts, _), agent_goals) in enumerate(zip(instances, goal_lists)):
+        grid = np.asarray(grid, bool)
+        n = len(agent_starts)
+        if n > slots:
+            raise ConfigError(f"instance {i} has {n} agents, more than the pool's {slots} slots")
+        check_instance(grid, np.asarray(agent_starts), agent_goals, i)
+        h, w = grid.shape
+        blocked[i, :h, :w] = grid
+        sizes[i] = (h, w)
+        starts[i, :n] = agent_starts
+        goals[i, :n] = agent_goals[:, np.arange(length) % agent_goals.shape[1]]
+        starts[i, n:] = goals[i, n:, :] = 0
+        mask[i, :n] = True
+        components[i, :h, :w] = maps.connected_components(grid)
+    return MapfParams(blocked=jnp.asarray(blocked), sizes=jnp.asarray(sizes), starts=jnp.asarray(starts),
+                      goals=jnp.asarray(goals), agent_mask=jnp.asarray(mask), components=jnp.asarray(components),
+                      random_goals=random_goals, max_steps_in_episode=max_steps_in_episode)
+
+
+def check_instance(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, index: int = 0) -> None:
+    """Starts and goals inside the map, on free cells, starts distinct, goals distinct, goals reachable."""
+    h, w = blocked.shape
+    labels = maps.connected_components(blocked)
+    for what, cells in (("start", starts), ("goal", goals[:, 0])):
+        for agent, (r, c) in enumerate(cells):
+            if not (0 <= r < h and 0 <= c < w) or blocked[r, c]:
+                raise ConfigError(f"instance {index}: agent {agent}'s {what} ({r}, {c}) is not a free cell of the map")
+        if len({tuple(cell) for cell in cells.tolist()}) < len(cells):
+            raise ConfigError(f"instance {index}: two agents share a {what}")
+    for agent, (start, goal) in enumerate(zip(starts, goals[:, 0])):
+        if labels[tuple(start)] != labels[tuple(goal)]:
+            raise ConfigError(f"instance {index}: agent {agent}'s goal is not reachable from its start")
+
+
+def random_instances(count: int, num_agents: int, seed: int = 0, size: tuple[int, int] = (17, 21),
+                     density: tuple[float, float] = (0.1, 0.3)) -> list[tuple]:
+    """Random maps as POGEMA's benchmark draws them: side and obstacle density uniform in the ranges,
+    with starts and goals from ``maps.sample_instance`` (maps too crowded for the agents are redrawn)."""
+    rng = np.random.default_rng(seed)
+    instances = []
+    while len(instances) < count:
+        side = int(rng.integers(size[0], size[1] + 1))
+        grid = maps.random_map(side, float(rng.uniform(*density)), rng)
+        try:
+            starts, goals = maps.sample_instance(grid, num_agents, rng)
+        except ConfigError:
+            continue
+        instances.append((grid, starts, goals))
+    return instances
+
+
+def random_pool(count: int, num_agents: int, seed: int = 0, size: tuple[int, int] = (17, 21),
+                density: tuple[float, float] = (0.1, 0.3), max_steps_in_episode: int = 128,
+                random_goals: bool = False) -> MapfParams:
+    """``from_instances(random_instances(...))`` at the largest side of ``size``."""
+    instances = random_instances(count, num_agents, seed, size, density)
+    return from_instances(instances, max_steps_in_episode, random_goals, num_agents, (size[1], size[1]))
