@@ -308,20 +308,29 @@ def with_agent_id(x, num_agents: int):
     return jnp.concatenate([x, ids], -1)
 
 
-def actor_input(obs, num_agents: int, agent_id: bool):
-    """The actor's input ``[..., n, d (+ n)]``: the agent's observation (and its one-hot id)."""
-    obs = obs.astype(jnp.float32)
+def flatten_trailing(x, rank: int):
+    """Merge the last ``rank`` axes (a grid observation's, say) into one: MLPs take vectors."""
+    return x.reshape(x.shape[:x.ndim - rank] + (-1,)) if rank != 1 else x
+
+
+def actor_input(obs, num_agents: int, agent_id: bool, obs_rank: int = 1):
+    """The actor's input ``[..., n, d (+ n)]``: the agent's observation (flattened if ``obs_rank`` > 1)
+    and its one-hot id."""
+    obs = flatten_trailing(obs, obs_rank).astype(jnp.float32)
     return with_agent_id(obs, num_agents) if agent_id else obs
 
 
-def critic_input(obs, world_state, alive, num_agents: int, centralized: bool, agent_id: bool):
+def critic_input(obs, world_state, alive, num_agents: int, centralized: bool, agent_id: bool,
+                 obs_rank: int = 1, state_rank: int = 1):
     """The critic's input per agent, ``[..., n, features]``, with death masking.
 
-    Centralized: the world state ``[..., w]`` copied to every agent, plus its
-    one-hot id (the agent-specific global state). IPPO: the agent's own
-    observation (plus its id when the actor gets one). A dead agent
-    (``alive`` False) sees zeros in place of the state but keeps its id.
+    Centralized: the world state ``[..., w]`` (flattened if ``state_rank`` > 1)
+    copied to every agent, plus its one-hot id (the agent-specific global
+    state). IPPO: the agent's own observation (plus its id when the actor gets
+    one). A dead agent (``alive`` False) sees zeros in place of the state but
+    keeps its id.
     """
+    obs, world_state = flatten_trailing(obs, obs_rank), flatten_trailing(world_state, state_rank)
     if centralized:
         leading, width = world_state.shape[:-1], world_state.shape[-1]
         state = jnp.broadcast_to(world_state[..., None, :], leading + (num_agents, width))
@@ -562,10 +571,17 @@ def make(config: Config, env, env_params):
 
     obs_spec, state_spec = jax.eval_shape(env.reset, jax.random.PRNGKey(0), env_params)
     world_spec = jax.eval_shape(env.world_state, state_spec, env_params)
+    obs_rank, state_rank = len(obs_spec.shape) - 1, len(world_spec.shape)  # grids are flattened
+
+    def actor_in(obs):
+        return actor_input(obs, n, config.agent_id, obs_rank)
+
+    def critic_in_of(obs, world, alive):
+        return critic_input(obs, world, alive, n, config.centralized_critic, config.agent_id, obs_rank, state_rank)
+
     zeros_obs = jnp.zeros(obs_spec.shape, jnp.float32)
-    example_actor = actor_input(zeros_obs, n, config.agent_id)
-    example_critic = critic_input(zeros_obs, jnp.zeros(world_spec.shape), jnp.ones(n, bool), n,
-                                  config.centralized_critic, config.agent_id)
+    example_actor = actor_in(zeros_obs)
+    example_critic = critic_in_of(zeros_obs, jnp.zeros(world_spec.shape), jnp.ones(n, bool))
     example = (example_actor, example_critic, jnp.zeros((n, max(gru, 1))), jnp.zeros(n, bool))
     # One flat parameter vector for the optimiser (fewer, fused kernels), unflattened to apply.
     template = jax.eval_shape(network.init, jax.random.PRNGKey(0), *example)
@@ -602,9 +618,6 @@ def make(config: Config, env, env_params):
 
     def env_world(env_state):
         return jax.vmap(env.world_state, in_axes=(0, None))(env_state, env_params)
-
-    def critic_in_of(obs, world, alive):
-        return critic_input(obs, world, alive, n, config.centralized_critic, config.agent_id)
 
     # -- the networks ------------------------------------------------------------------------------
     def to_values(stats, raw):
@@ -651,7 +664,7 @@ def make(config: Config, env, env_params):
     # -- the public acting functions ----------------------------------------------------------
     def act(policy: Policy, obs, key, greedy: bool = False, mask=None):
         """Actions ``[..., n]`` for observations ``[..., n, d]``; actions where ``mask`` is False never come out."""
-        logits = actor_ff(unravel(policy.params), actor_input(obs, n, config.agent_id))
+        logits = actor_ff(unravel(policy.params), actor_in(obs))
         dist = masked_policy(logits, mask)
         return dist.mode() if greedy else dist.sample(seed=key)
 
@@ -665,7 +678,7 @@ def make(config: Config, env, env_params):
 
     def act_recurrent(policy: Policy, carry, obs, reset, key, greedy: bool = False, mask=None):
         """Read ``obs [..., n, d]`` (zeroing the carry where ``reset``, per env or per agent); ``(carry, actions)``."""
-        x = actor_input(obs, n, config.agent_id)
+        x = actor_in(obs)
         carry, logits = branch_step(unravel(policy.params), "actor", carry, x, agent_resets(reset, x))
         dist = masked_policy(logits, mask)
         return carry, dist.mode() if greedy else dist.sample(seed=key)
@@ -711,7 +724,7 @@ def make(config: Config, env, env_params):
         def env_step(state: TrainState, _):
             key, act_key, step_key = jax.random.split(state.key, 3)
             alive, mask, world = env_alive(state.env_state), env_masks(state.env_state), env_world(state.env_state)
-            a_in = actor_input(state.obs, n, config.agent_id)
+            a_in = actor_in(state.obs)
             c_in = critic_in_of(state.obs, world, alive)
             actor_carry, critic_carry = state.actor_carry, state.critic_carry
             resets = agent_resets(state.reset, a_in)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import inspect
 import sys
 import types
 
@@ -42,6 +43,11 @@ ENVIRONMENTS = {
     "mpe_spread": ("rlx.envs.jaxmarl", "make_jaxmarl", {"name": "MPE_simple_spread_v3"}),
     "smax_3m": ("rlx.envs.jaxmarl", "make_jaxmarl", {"name": "3m"}),
     "smax_2s3z": ("rlx.envs.jaxmarl", "make_jaxmarl", {"name": "2s3z"}),
+    # Multi-agent path finding with POGEMA's semantics (rlx/envs/mapf): env.options choose the instances and rules.
+    "mapf_random": ("rlx.envs.mapf", "make_mapf", {"layout": "random"}),
+    "mapf_maze": ("rlx.envs.mapf", "make_mapf", {"layout": "maze"}),
+    "mapf_warehouse": ("rlx.envs.mapf", "make_mapf", {"layout": "warehouse"}),
+    "mapf_file": ("rlx.envs.mapf", "make_mapf", {"layout": "file"}),
     # Probe tasks with known answers (rlx/envs/probes.py), for debugging agents.
     "Probe-ConstantReward": ("rlx.envs.probes", "ConstantReward"),
     "Probe-ObservationReward": ("rlx.envs.probes", "ObservationReward"),
@@ -65,12 +71,24 @@ def installed(name: str) -> bool:
     return package is None or importlib.util.find_spec(package) is not None
 
 
-def make(name: str, **param_overrides):
-    """Return ``(env, env_params)`` for a registered name; overrides replace default parameters."""
+def make(name: str, options: dict | None = None, **param_overrides):
+    """Return ``(env, env_params)`` for a registered name.
+
+    ``options`` (``env.options`` in the config) are keyword arguments of the
+    environment's constructor, e.g. the MAPF agent count; ``param_overrides``
+    (``env.params``) replace fields of its default parameters.
+    """
     if name not in ENVIRONMENTS:
         raise UnknownNameError("env", name, names())
     module_name, class_name, *kwargs = ENVIRONMENTS[name]
-    env = getattr(import_env_module(module_name), class_name)(**(kwargs[0] if kwargs else {}))
+    constructor = getattr(import_env_module(module_name), class_name)
+    arguments = {**(kwargs[0] if kwargs else {}), **(options or {})}
+    if options:
+        accepted = [p for p in inspect.signature(constructor).parameters if p not in (kwargs[0] if kwargs else {})]
+        unknown = sorted(set(options) - set(accepted))
+        if unknown:
+            raise ConfigError(f"env.options.{unknown[0]}: unknown option of {name}; valid: {', '.join(accepted)}")
+    env = constructor(**arguments)
     params = env.default_params
     valid = {f.name for f in dataclasses.fields(params)}
     unknown = sorted(set(param_overrides) - valid)
