@@ -1,0 +1,204 @@
+"""The MAPF environment on its own: maps, instances, movement invariants, distances, metrics."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlx.envs import registry
+from rlx.envs.mapf import instances, maps
+from rlx.envs.mapf.env import COLLISION_SYSTEMS, MapfEnv, distance_fields, move, shortest_path_actions
+from rlx.errors import ConfigError
+
+
+def bfs_numpy(blocked, goal):
+    far = blocked.size
+    dist = np.full(blocked.shape, far)
+    dist[tuple(goal)] = 0
+    queue = deque([tuple(goal)])
+    while queue:
+        r, c = queue.popleft()
+        for nr, nc in ((r - 1, c), (r + 1, c), (r, c - 1), (r, c + 1)):
+            if 0 <= nr < blocked.shape[0] and 0 <= nc < blocked.shape[1] and not blocked[nr, nc] \
+                    and dist[nr, nc] == far:
+                dist[nr, nc] = dist[r, c] + 1
+                queue.append((nr, nc))
+    return dist
+
+
+# -- maps and instances -------------------------------------------------------------------------------
+
+
+def test_movingai_parser_reads_a_map_and_names_file_and_line_of_errors(tmp_path):
+    good = tmp_path / "good.map"
+    good.write_text("type octile\nheight 2\nwidth 3\nmap\n.@.\nT.G\n")
+    np.testing.assert_array_equal(maps.parse_movingai(good), [[False, True, False], [True, False, False]])
+    bad_char = tmp_path / "bad.map"
+    bad_char.write_text("type octile\nheight 2\nwidth 3\nmap\n...\n.x.\n")
+    with pytest.raises(ConfigError, match=r"bad.map:6: unknown terrain 'x' at column 2"):
+        maps.parse_movingai(bad_char)
+    short_row = tmp_path / "short.map"
+    short_row.write_text("type octile\nheight 2\nwidth 3\nmap\n...\n..\n")
+    with pytest.raises(ConfigError, match=r"short.map:6: row has 2 cells, expected width 3"):
+        maps.parse_movingai(short_row)
+    no_height = tmp_path / "noheight.map"
+    no_height.write_text("type octile\nwidth 3\nmap\n...\n")
+    with pytest.raises(ConfigError, match=r"noheight.map:3: header needs a positive integer 'height'"):
+        maps.parse_movingai(no_height)
+
+
+def test_maze_is_connected_and_warehouse_has_shelves():
+    maze = maps.maze_map(15, np.random.default_rng(0))
+    labels = maps.connected_components(maze)
+    assert labels.max() == 0 and (~maze).sum() > 40  # one component
+    assert maze[0].all() and maze[-1].all() and maze[:, 0].all() and maze[:, -1].all()
+    warehouse = maps.warehouse_map(shelf_rows=2, shelf_columns=3, shelf_length=4, aisle=2, margin=3)
+    assert warehouse.sum() == 2 * 3 * 4
+    assert maps.connected_components(warehouse).max() == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), side=st.integers(4, 16), density=st.floats(0.0, 0.35),
+       agents=st.integers(1, 12))
+def test_sampled_instances_have_distinct_reachable_goals(seed, side, density, agents):
+    rng = np.random.default_rng(seed)
+    grid = maps.random_map(side, density, rng)
+    try:
+        starts, goals = maps.sample_instance(grid, agents, rng)
+    except ConfigError:
+        return  # too crowded: refused with a message, never a bad instance
+    labels = maps.connected_components(grid)
+    assert len({tuple(s) for s in starts}) == agents and len({tuple(g) for g in goals}) == agents
+    assert not grid[starts[:, 0], starts[:, 1]].any() and not grid[goals[:, 0], goals[:, 1]].any()
+    assert (labels[starts[:, 0], starts[:, 1]] == labels[goals[:, 0], goals[:, 1]]).all()
+
+
+def test_pool_refuses_bad_instances():
+    grid = maps.from_strings(["..#", "..#", "###"])
+    with pytest.raises(ConfigError, match="agent 1's goal .* not a free cell"):
+        instances.from_instances([(grid, np.array([[0, 0], [1, 1]]), np.array([[0, 1], [2, 2]]))])
+    split = maps.from_strings([".#.", ".#.", ".#."])
+    with pytest.raises(ConfigError, match="agent 0's goal is not reachable"):
+        instances.from_instances([(split, np.array([[0, 0]]), np.array([[0, 2]]))])
+    with pytest.raises(ConfigError, match="share a start"):
+        instances.from_instances([(grid, np.array([[0, 0], [0, 0]]), np.array([[0, 1], [1, 1]]))])
+
+
+def test_registry_builds_mapf_and_lists_valid_options():
+    env, params = registry.make("mapf_random", {"num_agents": 4, "pool_size": 8})
+    assert params.blocked.shape == (8, 21, 21) and env.num_agents == 4
+    with pytest.raises(ConfigError, match="env.options.radius: unknown option of mapf_random; valid: .*obs_radius"):
+        registry.make("mapf_random", {"radius": 3})
+    with pytest.raises(ConfigError, match="collision_system='gentle': valid: soft, priority, block_both"):
+        registry.make("mapf_random", {"collision_system": "gentle", "pool_size": 2})
+
+
+# -- movement -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("collision_system", COLLISION_SYSTEMS)
+def test_random_joint_moves_never_collide_or_swap(collision_system):
+    """Over many random crowded steps: no two active agents share a cell, none swap, none enter a wall,
+    every move is at most one cell."""
+    pool = instances.random_pool(8, 24, seed=3, size=(8, 10), density=(0.1, 0.3))
+    rng = np.random.default_rng(0)
+    step = jax.jit(jax.vmap(lambda b, s, p, a: move(collision_system, b, s, p, a, jnp.ones(24, bool))))
+    positions = pool.starts
+    for _ in range(40):
+        actions = jnp.asarray(rng.integers(0, 5, (8, 24)))
+        new = np.asarray(step(pool.blocked, pool.sizes, positions, actions))
+        old = np.asarray(positions)
+        for b in range(8):
+            cells = {tuple(p) for p in new[b]}
+            assert len(cells) == 24, "two agents share a cell"
+            assert not np.asarray(pool.blocked)[b][new[b, :, 0], new[b, :, 1]].any()
+            assert (np.abs(new[b] - old[b]).sum(-1) <= 1).all()
+            index = {tuple(p): i for i, p in enumerate(old[b])}
+            for i in range(24):
+                j = index.get(tuple(new[b, i]))
+                if j is not None and j != i:
+                    assert tuple(new[b, j]) != tuple(old[b, i]), "swap"
+        positions = jnp.asarray(new)
+
+
+def test_soft_lets_a_cycle_rotate_but_priority_does_not():
+    """Four agents on a 2x2 block each step into the next one's cell: ``soft`` rotates them all,
+    ``priority`` (no following of a higher index) and ``block_both`` (no following at all) do not."""
+    blocked = jnp.zeros((2, 2), bool)
+    positions = jnp.array([[0, 0], [0, 1], [1, 1], [1, 0]])
+    actions = jnp.array([4, 2, 3, 1])  # right, down, left, up: a clockwise cycle
+    rotated = move("soft", blocked, jnp.array([2, 2]), positions, actions, jnp.ones(4, bool))
+    np.testing.assert_array_equal(rotated, [[0, 1], [1, 1], [1, 0], [0, 0]])
+    for system in ("priority", "block_both"):
+        np.testing.assert_array_equal(move(system, blocked, jnp.array([2, 2]), positions, actions,
+                                           jnp.ones(4, bool)), positions)
+
+
+def test_vertex_conflict_goes_to_the_lowest_index_under_soft_and_to_nobody_under_block_both():
+    blocked = jnp.zeros((1, 3), bool)
+    positions = jnp.array([[0, 2], [0, 0]])
+    actions = jnp.array([3, 4])  # both want the middle cell
+    size = jnp.array([1, 3])
+    np.testing.assert_array_equal(move("soft", blocked, size, positions, actions, jnp.ones(2, bool)),
+                                  [[0, 1], [0, 0]])
+    np.testing.assert_array_equal(move("block_both", blocked, size, positions, actions, jnp.ones(2, bool)),
+                                  positions)
+    # an inactive agent (finished) neither moves nor blocks
+    np.testing.assert_array_equal(move("soft", blocked, size, positions, actions, jnp.array([False, True])),
+                                  [[0, 2], [0, 1]])
+
+
+# -- distances, metrics, episodes ----------------------------------------------------------------------
+
+
+def test_distance_fields_match_a_numpy_bfs_and_point_downhill():
+    rng = np.random.default_rng(5)
+    grid = maps.random_map(12, 0.25, rng)
+    starts, goals = maps.sample_instance(grid, 6, rng)
+    fields = np.asarray(distance_fields(jnp.asarray(grid), jnp.asarray(goals), jnp.array([12, 12])))
+    for agent, goal in enumerate(goals):
+        expected = bfs_numpy(grid, goal)
+        np.testing.assert_array_equal(np.where(grid, grid.size, fields[agent]), np.where(grid, grid.size, expected))
+    actions = np.asarray(shortest_path_actions(jnp.asarray(fields), jnp.asarray(starts)))
+    moves = np.array([[0, 0], [-1, 0], [1, 0], [0, -1], [0, 1]])
+    for agent, (start, action) in enumerate(zip(starts, actions)):
+        after = start + moves[action]
+        here = fields[agent][tuple(start)]
+        assert fields[agent][tuple(after)] == (here - 1 if here > 0 else 0)
+
+
+def test_episode_metrics_on_a_corridor_by_hand():
+    """Two agents in a 1x4 corridor walk to their goals: arrival steps 2 and 1, so SoC 3, makespan 2."""
+    grid = maps.from_strings(["...."])
+    pool = instances.from_instances([(grid, np.array([[0, 0], [0, 2]]), np.array([[0, 2], [0, 3]]))])
+    env = MapfEnv(2, 1, "soft", "nothing", pool)
+    obs, state = env.reset_to(0, jax.random.PRNGKey(0), pool)
+    assert obs.shape == (2, 3, 3, 3)
+    _, state, rewards, terminated, info = env.step_env(jax.random.PRNGKey(1), state, jnp.array([4, 4]), pool)
+    assert float(info["isr"]) == 0.5 and float(info["csr"]) == 0.0 and not terminated.any()
+    np.testing.assert_array_equal(rewards, [0.0, 0.0])
+    _, state, rewards, terminated, info = env.step_env(jax.random.PRNGKey(2), state, jnp.array([4, 0]), pool)
+    np.testing.assert_array_equal(rewards, [1.0, 1.0])
+    assert terminated.all()
+    assert (float(info["csr"]), float(info["isr"]), float(info["soc"]), float(info["makespan"])) == (1.0, 1.0, 3.0, 2.0)
+
+
+def test_lifelong_mode_draws_new_goals_in_the_component_and_counts_throughput():
+    grid = maps.from_strings(["....", "####", "...."])
+    pool = instances.from_instances([(grid, np.array([[0, 0], [2, 0]]), np.array([[0, 1], [2, 1]]))],
+                                    random_goals=True)
+    env = MapfEnv(2, 1, "soft", "restart", pool)
+    _, state = env.reset_to(0, jax.random.PRNGKey(0), pool)
+    _, state, rewards, terminated, info = env.step_env(jax.random.PRNGKey(3), state, jnp.array([4, 4]), pool)
+    np.testing.assert_array_equal(rewards, [1.0, 1.0])
+    assert not terminated.any()
+    goals = np.asarray(state.goals)
+    assert goals[0, 0] == 0 and goals[1, 0] == 2  # stays in its own row (component)
+    assert not np.array_equal(goals[0], [0, 1]) and not np.array_equal(goals[1], [2, 1])
+    assert float(info["throughput"]) == 2.0  # two goals in one step
