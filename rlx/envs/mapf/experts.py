@@ -1,0 +1,209 @@
+"""Classical MAPF solvers (NumPy, on the host): PIBT and prioritized planning with space-time A*.
+
+Both return paths ``int[T + 1, n, 2]`` (row, column per step, the start
+first) that ``check_paths`` accepts: no vertex conflicts, no swaps, moves of
+at most one cell onto free cells, and every agent that the solver reports as
+finished ends on its goal. They serve as expert baselines and as the teachers
+of the map-based policy (``expert_dataset``).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+MOVES = np.array([[0, 0], [-1, 0], [1, 0], [0, -1], [0, 1]])  # the environment's actions
+
+
+@dataclass
+class Solution:
+    paths: np.ndarray  # int[T + 1, n, 2]
+    finished: np.ndarray  # bool[n]: on its goal at the end
+
+    @property
+    def actions(self) -> np.ndarray:
+        """``int[T, n]``: the environment actions that follow the paths."""
+        deltas = np.diff(self.paths, axis=0)
+        codes = {tuple(move): index for index, move in enumerate(MOVES)}
+        return np.vectorize(lambda dr, dc: codes[(dr, dc)])(deltas[..., 0], deltas[..., 1])
+
+
+def distances_to(blocked: np.ndarray, goal) -> np.ndarray:
+    """BFS distance of every cell to ``goal`` (``blocked.size`` where unreachable)."""
+    far = blocked.size
+    dist = np.full(blocked.shape, far, np.int64)
+    dist[tuple(goal)] = 0
+    queue = deque([tuple(goal)])
+    height, width = blocked.shape
+    while queue:
+        r, c = queue.popleft()
+        for dr, dc in MOVES[1:]:
+            nr, nc = r + dr, c + dc
+            if 0 <= nr < height and 0 <= nc < width and not blocked[nr, nc] and dist[nr, nc] == far:
+                dist[nr, nc] = dist[r, c] + 1
+                queue.append((nr, nc))
+    return dist
+
+
+def neighbours(blocked: np.ndarray, cell) -> list[tuple[int, int]]:
+    """The cell itself and its free 4-neighbours."""
+    height, width = blocked.shape
+    out = []
+    for dr, dc in MOVES:
+        r, c = cell[0] + dr, cell[1] + dc
+        if 0 <= r < height and 0 <= c < width and not blocked[r, c]:
+            out.append((int(r), int(c)))
+    return out
+
+
+def check_paths(blocked: np.ndarray, paths: np.ndarray, goals: np.ndarray, finished: np.ndarray | None = None) -> None:
+    """Raise ``AssertionError`` naming the step and agents of the first invalid thing in ``paths``."""
+    steps, n, _ = paths.shape
+    for t in range(steps):
+        cells = [tuple(p) for p in paths[t]]
+        for i, (r, c) in enumerate(cells):
+            assert 0 <= r < blocked.shape[0] and 0 <= c < blocked.shape[1] and not blocked[r, c], \
+                f"step {t}: agent {i} on a blocked or outside cell {(r, c)}"
+        seen = {}
+        for i, cell in enumerate(cells):
+            assert cell not in seen, f"step {t}: vertex conflict of agents {seen.get(cell)} and {i} at {cell}"
+            seen[cell] = i
+        if t == 0:
+            continue
+        before = {tuple(p): i for i, p in enumerate(paths[t - 1])}
+        for i in range(n):
+            assert np.abs(paths[t, i] - paths[t - 1, i]).sum() <= 1, f"step {t}: agent {i} jumped"
+            j = before.get(cells[i])
+            if j is not None and j != i:
+                assert tuple(paths[t, j]) != tuple(paths[t - 1, i]), f"step {t}: agents {i} and {j} swapped"
+    if finished is not None:
+        for i in np.nonzero(finished)[0]:
+            assert tuple(paths[-1, i]) == tuple(goals[i]), f"agent {i} reported finished but is not on its goal"
+
+
+# -- PIBT ----------------------------------------------------------------------------------------------
+
+
+def pibt(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps: int, seed: int = 0,
+         stop_when_all_arrived: bool = True) -> Solution:
+    """Priority Inheritance with Backtracking (Okumura et al., 2019), one joint step at a time.
+
+    Each step, agents in priority order (those longest away from their goal
+    first) choose their next cell by distance to goal; an agent wanting an
+    occupied cell lends its priority to the occupant, which must move away or
+    the requester tries its next choice. Never produces a vertex conflict or a
+    swap; complete for reachability on biconnected graphs, not optimal.
+    """
+    rng = np.random.default_rng(seed)
+    n = len(starts)
+    dist = [distances_to(blocked, g) for g in goals]
+    position = [tuple(map(int, s)) for s in starts]
+    priority = rng.random(n) / n  # tie-breakers below 1
+    paths = [list(position)]
+    for _ in range(max_steps):
+        if stop_when_all_arrived and all(position[i] == tuple(goals[i]) for i in range(n)):
+            break
+        for i in range(n):
+            priority[i] = priority[i] % 1 if position[i] == tuple(goals[i]) else priority[i] + 1
+        occupant = {cell: i for i, cell in enumerate(position)}
+        nxt: list[tuple | None] = [None] * n
+        reserved: dict[tuple, int] = {}
+
+        def plan(i, parent):
+            options = neighbours(blocked, position[i])
+            rng.shuffle(options)
+            options.sort(key=lambda cell: dist[i][cell])
+            for cell in options:
+                if cell in reserved or (parent is not None and cell == position[parent]):
+                    continue
+                reserved[cell] = i
+                nxt[i] = cell
+                j = occupant.get(cell)
+                if j is not None and j != i and nxt[j] is None and not plan(j, i):
+                    continue
+                return True
+            nxt[i] = position[i]
+            reserved[position[i]] = i
+            return False
+
+        for i in np.argsort(-priority):
+            if nxt[i] is None:
+                plan(int(i), None)
+        position = [tuple(cell) for cell in nxt]
+        paths.append(list(position))
+    paths = np.array(paths, np.int64)
+    return Solution(paths, np.all(paths[-1] == goals, axis=-1))
+
+
+# -- prioritized planning with space-time A* ---------------------------------------------------------
+
+
+def space_time_astar(blocked, start, goal, dist, vertex_reserved, edge_reserved, goal_reserved_from, last_visit,
+                     max_steps):
+    """Shortest path ``[(r, c), ...]`` from ``start`` (time 0) to ``goal`` avoiding reserved cells and edges,
+    ending at a time after which nobody passes the goal; None if there is none within ``max_steps``."""
+    last_pass = last_visit.get(tuple(map(int, goal)), -1)
+    start = tuple(map(int, start))
+    frontier = [(int(dist[start]), 0, start)]
+    parent = {(start, 0): None}
+    while frontier:
+        _, t, cell = heapq.heappop(frontier)
+        if cell == tuple(goal) and t > last_pass:
+            path = [(cell, t)]
+            while parent[path[-1]] is not None:
+                path.append(parent[path[-1]])
+            return [c for c, _ in reversed(path)]
+        if t == max_steps:
+            continue
+        for nxt in neighbours(blocked, cell):
+            if (nxt, t + 1) in vertex_reserved or (cell, nxt, t + 1) in edge_reserved \
+                    or goal_reserved_from.get(nxt, max_steps + 1) <= t + 1:
+                continue
+            if (nxt, t + 1) not in parent:
+                parent[(nxt, t + 1)] = (cell, t)
+                heapq.heappush(frontier, (t + 1 + int(dist[nxt]), t + 1, nxt))
+    return None
+
+
+def prioritized_planning(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps: int,
+                         seed: int = 0) -> Solution:
+    """Agents plan one after another (a random order) with space-time A*, each avoiding the paths of those
+    before it and their goals once reached.
+
+    Incomplete: an agent that finds no path stays at its start (``finished``
+    False), where an earlier agent's path may run into it; the environment's
+    collision rules then decide. Complete solutions pass ``check_paths``.
+    """
+    n = len(starts)
+    order = np.random.default_rng(seed).permutation(n)
+    vertex_reserved: set = set()
+    edge_reserved: set = set()
+    goal_reserved_from: dict = {}  # cell -> time from which an agent rests there
+    last_visit: dict = {}  # cell -> last time a planned path is on it
+    paths: list[list | None] = [None] * n
+    for i in order:
+        dist = distances_to(blocked, goals[i])
+        path = space_time_astar(blocked, starts[i], goals[i], dist, vertex_reserved, edge_reserved,
+                                goal_reserved_from, last_visit, max_steps)
+        if path is None or goal_reserved_from.get(tuple(map(int, starts[i])), max_steps + 1) <= 0:
+            path = [tuple(map(int, starts[i]))]
+            stuck = True
+        else:
+            stuck = False
+        for t, cell in enumerate(path):
+            vertex_reserved.add((cell, t))
+            last_visit[cell] = max(last_visit.get(cell, -1), t)
+            if t:
+                edge_reserved.add((cell, path[t - 1], t))
+        end = path[-1]
+        if stuck:  # it never leaves: its start is blocked for everyone after it
+            goal_reserved_from[end] = 0
+        else:
+            goal_reserved_from[end] = len(path) - 1
+        paths[i] = path
+    horizon = max(len(p) for p in paths)
+    full = np.array([[p[min(t, len(p) - 1)] for p in paths] for t in range(horizon)], np.int64)
+    return Solution(full, np.all(full[-1] == goals, axis=-1))

@@ -1,0 +1,101 @@
+"""The classical MAPF solvers: valid joint paths on random instances (hypothesis), and they solve easy ones."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlx.envs.mapf import experts, maps
+
+instance_strategy = dict(seed=st.integers(0, 100_000), side=st.integers(5, 14), density=st.floats(0.0, 0.3),
+                         agents=st.integers(1, 14))
+
+
+def draw(seed, side, density, agents):
+    rng = np.random.default_rng(seed)
+    grid = maps.random_map(side, density, rng)
+    try:
+        starts, goals = maps.sample_instance(grid, agents, rng)
+    except Exception:
+        return None
+    return grid, starts, goals
+
+
+@settings(max_examples=40, deadline=None)
+@given(**instance_strategy)
+def test_pibt_paths_are_always_valid(seed, side, density, agents):
+    instance = draw(seed, side, density, agents)
+    if instance is None:
+        return
+    grid, starts, goals = instance
+    solution = experts.pibt(grid, starts, goals, max_steps=3 * side)
+    experts.check_paths(grid, solution.paths, goals, solution.finished)
+    np.testing.assert_array_equal(solution.paths[0], starts)
+
+
+@settings(max_examples=30, deadline=None)
+@given(**instance_strategy)
+def test_prioritized_planning_complete_solutions_are_valid(seed, side, density, agents):
+    instance = draw(seed, side, density, agents)
+    if instance is None:
+        return
+    grid, starts, goals = instance
+    solution = experts.prioritized_planning(grid, starts, goals, max_steps=3 * side)
+    if solution.finished.all():
+        experts.check_paths(grid, solution.paths, goals, solution.finished)
+        single = [experts.distances_to(grid, g)[tuple(s)] for s, g in zip(starts, goals)]
+        assert len(solution.paths) - 1 >= max(single)  # no agent beats its own shortest path
+
+
+def test_checker_catches_each_kind_of_error():
+    grid = maps.from_strings(["...", ".#.", "..."])
+    goals = np.array([[0, 2], [0, 0]])
+    swap = np.array([[[0, 0], [0, 1]], [[0, 1], [0, 0]]])
+    vertex = np.array([[[0, 0], [0, 2]], [[0, 1], [0, 1]]])
+    wall = np.array([[[1, 0], [2, 2]], [[1, 1], [2, 2]]])
+    jump = np.array([[[0, 0], [2, 2]], [[0, 2], [2, 2]]])
+    for paths, message in ((swap, "swapped"), (vertex, "vertex conflict"), (wall, "blocked"), (jump, "jumped")):
+        try:
+            experts.check_paths(grid, paths, goals)
+        except AssertionError as error:
+            assert message in str(error)
+        else:
+            raise AssertionError(f"{message} not caught")
+    good = np.array([[[0, 0], [2, 0]], [[0, 1], [1, 0]], [[0, 2], [0, 0]]])
+    experts.check_paths(grid, good, goals, np.array([True, True]))
+
+
+def test_both_solvers_solve_a_sparse_instance_and_actions_replay_the_paths():
+    rng = np.random.default_rng(0)
+    grid = maps.random_map(16, 0.1, rng)
+    starts, goals = maps.sample_instance(grid, 8, rng)
+    for solve in (experts.pibt, experts.prioritized_planning):
+        solution = solve(grid, starts, goals, 64)
+        assert solution.finished.all(), solve.__name__
+        replayed = starts + np.cumsum(experts.MOVES[solution.actions], axis=0)
+        np.testing.assert_array_equal(replayed, solution.paths[1:])
+
+
+def test_pibt_moves_execute_unchanged_in_the_environment():
+    """PIBT's joint moves have no vertex conflicts or swaps, so under soft collisions the environment
+    carries them out exactly, and reports success when PIBT does."""
+    import jax
+    import jax.numpy as jnp
+
+    from rlx.envs.mapf import instances
+    from rlx.envs.mapf.env import MapfEnv
+
+    rng = np.random.default_rng(1)
+    grid = maps.random_map(12, 0.2, rng)
+    starts, goals = maps.sample_instance(grid, 12, rng)
+    solution = experts.pibt(grid, starts, goals, 48)
+    assert solution.finished.all()
+    pool = instances.from_instances([(grid, starts, goals)], max_steps_in_episode=64)
+    env = MapfEnv(12, 2, "soft", "nothing", pool)
+    _, state = env.reset_to(0, jax.random.PRNGKey(0), pool)
+    for t, actions in enumerate(solution.actions):
+        _, state, _, terminated, info = env.step_env(jax.random.PRNGKey(t), state, jnp.asarray(actions), pool)
+        np.testing.assert_array_equal(state.positions, solution.paths[t + 1])
+    assert terminated.all() and float(info["csr"]) == 1.0
+    assert float(info["makespan"]) == len(solution.actions)
