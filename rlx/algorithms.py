@@ -12,6 +12,7 @@ from rlx.errors import UnknownNameError
 
 AGENTS = {
     "a2c": "rlx.agents.a2c",
+    "map_policy": "rlx.agents.map_policy",
     "mappo": "rlx.agents.mappo",
     "ppo": "rlx.agents.ppo",
     "ppo_rnn": "rlx.agents.ppo_rnn",

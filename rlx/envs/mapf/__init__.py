@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 
 from rlx.envs.mapf import instances, maps
@@ -13,7 +14,8 @@ LAYOUTS = ("random", "maze", "warehouse", "file")
 
 def make_mapf(layout: str = "random", num_agents: int = 16, obs_radius: int = 5, collision_system: str = "soft",
               on_target: str = "nothing", pool_size: int = 512, size: tuple = (17, 21), density: tuple = (0.1, 0.3),
-              max_steps: int = 128, seed: int = 0, map_file: str | None = None) -> MapfEnv:
+              max_steps: int = 128, seed: int = 0, map_file: str | None = None, observation: str = "local",
+              expert: str | None = None) -> MapfEnv:
     """A ``MapfEnv`` over a pool of ``pool_size`` instances drawn with ``seed``.
 
     ``layout``: ``random`` (side uniform in ``size``, obstacle density uniform in
@@ -21,12 +23,16 @@ def make_mapf(layout: str = "random", num_agents: int = 16, obs_radius: int = 5,
     ``warehouse`` (the default layout of ``maps.warehouse_map``) or ``file`` (the
     MovingAI ``map_file``); starts and goals are drawn on each map. Under
     ``restart`` the next goals are random cells of the agent's component.
+    ``observation``: ``local`` windows or the whole ``map``. ``expert``
+    (``pibt`` or ``prioritized``) solves every instance and keeps the joint
+    actions in the pool, for imitation; solutions are cached on disk.
     """
     if layout not in LAYOUTS:
         raise ConfigError(f"env.options.layout={layout!r}: valid: {', '.join(LAYOUTS)}")
     random_goals = on_target == "restart"
     if layout == "random":
-        pool = instances.random_pool(pool_size, num_agents, seed, tuple(size), tuple(density), max_steps, random_goals)
+        drawn = instances.random_instances(pool_size, num_agents, seed, tuple(size), tuple(density))
+        shape = (size[1], size[1])
     else:
         rng = np.random.default_rng(seed)
         grids = {"maze": lambda: maps.maze_map(int(size[1]), rng), "warehouse": maps.warehouse_map,
@@ -36,8 +42,33 @@ def make_mapf(layout: str = "random", num_agents: int = 16, obs_radius: int = 5,
             grid = grids()
             starts, goals = maps.sample_instance(grid, num_agents, rng)
             drawn.append((grid, starts, goals))
-        pool = instances.from_instances(drawn, max_steps, random_goals, num_agents)
-    return MapfEnv(num_agents, obs_radius, collision_system, on_target, pool)
+        shape = None
+    pool = instances.from_instances(drawn, max_steps, random_goals, num_agents, shape)
+    if expert is not None:
+        actions = expert_actions(drawn, expert, max_steps, num_agents, seed)
+        pool = pool.replace(expert_actions=jnp.asarray(actions))
+    return MapfEnv(num_agents, obs_radius, collision_system, on_target, pool, observation)
+
+
+def expert_actions(drawn: list[tuple], solver: str, max_steps: int, num_agents: int, seed: int) -> np.ndarray:
+    """The solver's joint actions on every instance, cached under the user cache dir by content."""
+    import hashlib
+    import os
+
+    from rlx.envs.mapf import experts
+
+    digest = hashlib.sha256()
+    for grid, starts, goals in drawn:
+        digest.update(np.packbits(grid).tobytes() + np.asarray(starts).tobytes() + np.asarray(goals).tobytes())
+    digest.update(f"{solver}-{max_steps}-{num_agents}-{seed}".encode())
+    cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "rlx", "mapf")
+    path = os.path.join(cache, f"{solver}-{digest.hexdigest()[:16]}.npz")
+    if not os.path.exists(path):
+        solutions = experts.solve_all(drawn, solver, max_steps, seed)
+        os.makedirs(cache, exist_ok=True)
+        experts.save_dataset(path + ".tmp.npz", drawn, solutions, solver, max_steps)
+        os.replace(path + ".tmp.npz", path)
+    return np.load(path)["actions"]
 
 
 

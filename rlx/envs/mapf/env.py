@@ -53,6 +53,8 @@ spaces = import_env_module("gymnax.environments.spaces")
 MOVES = np.array([[0, 0], [-1, 0], [1, 0], [0, -1], [0, 1]], np.int32)  # wait, up, down, left, right
 COLLISION_SYSTEMS = ("soft", "priority", "block_both")
 ON_TARGET_MODES = ("finish", "nothing", "restart")
+OBSERVATIONS = ("local", "map")
+MAP_CHANNELS = 8  # see MapfEnv.map_features
 
 
 @struct.dataclass
@@ -73,6 +75,7 @@ class MapfParams:
     components: jax.Array     # int32[M, H, W]
     random_goals: bool = struct.field(pytree_node=False, default=False)
     max_steps_in_episode: int = 64
+    expert_actions: jax.Array | None = None  # int8[M, T, N]: an expert's joint actions (0 after it is done)
 
 
 @struct.dataclass
@@ -87,19 +90,23 @@ class MapfState:
     goals_reached: jax.Array  # int32: goal arrivals so far (every mode)
     time: jax.Array           # int32
     key: jax.Array
+    distances: jax.Array      # int32[N, H, W] to the current goals ("map" observations), else [0]
 
 
 class MapfEnv(MultiAgentEnv):
     """POGEMA-style MAPF over an instance pool; ``num_agents`` slots, observation radius ``obs_radius``."""
 
     def __init__(self, num_agents: int, obs_radius: int = 5, collision_system: str = "soft",
-                 on_target: str = "nothing", pool: MapfParams | None = None):
+                 on_target: str = "nothing", pool: MapfParams | None = None, observation: str = "local"):
         if collision_system not in COLLISION_SYSTEMS:
             raise ConfigError(f"collision_system={collision_system!r}: valid: {', '.join(COLLISION_SYSTEMS)}")
         if on_target not in ON_TARGET_MODES:
             raise ConfigError(f"on_target={on_target!r}: valid: {', '.join(ON_TARGET_MODES)}")
         if obs_radius < 1:
             raise ConfigError(f"obs_radius={obs_radius}: must be >= 1")
+        if observation not in OBSERVATIONS:
+            raise ConfigError(f"observation={observation!r}: valid: {', '.join(OBSERVATIONS)}")
+        self.observation = observation
         self.num_agents = num_agents
         self.obs_radius = obs_radius
         self.collision_system = collision_system
@@ -137,8 +144,21 @@ class MapfEnv(MultiAgentEnv):
             goals_reached=jnp.asarray(0, jnp.int32),
             time=jnp.asarray(0, jnp.int32),
             key=key,
+            distances=jnp.zeros(1, jnp.int32),
         )
+        state = self._with_distances(state, params)
         return self.observations(state, params), state
+
+    def _with_distances(self, state: MapfState, params: MapfParams, changed=None) -> MapfState:
+        """Distance fields to the current goals, kept in the state for "map" observations (recomputed
+        only when a goal changed, in lifelong mode)."""
+        if self.observation != "map":
+            return state
+        compute = lambda: distance_fields(params.blocked[state.instance], state.goals,  # noqa: E731
+                                          params.sizes[state.instance])
+        if changed is None:
+            return state.replace(distances=compute())
+        return state.replace(distances=jax.lax.cond(jnp.any(changed), compute, lambda: state.distances))
 
     def step_env(self, key, state: MapfState, actions, params: MapfParams):
         blocked = params.blocked[state.instance]
@@ -163,7 +183,7 @@ class MapfEnv(MultiAgentEnv):
             terminated = jnp.broadcast_to(solved, (self.num_agents,)) | ~present
         else:
             rewards = arriving.astype(jnp.float32)
-            state = self._next_goals(key, state, arriving, params)
+            state = self._with_distances(self._next_goals(key, state, arriving, params), params, arriving)
             terminated = ~present
             on_goal = jnp.all(positions == state.goals, axis=-1) & present  # the new goals, as POGEMA reports
         info = {"on_goal": on_goal, **self.metrics(state, params)}
@@ -187,6 +207,44 @@ class MapfEnv(MultiAgentEnv):
 
     # -- what agents and critics see ----------------------------------------------------------------
     def observations(self, state: MapfState, params: MapfParams) -> jax.Array:
+        """Local windows (``observation="local"``), or the whole map's features plus a "this is me"
+        plane (``"map"``: ``float32[N, H, W, MAP_CHANNELS + 1]``, for centralized map-based policies)."""
+        if self.observation == "map":
+            features = self.map_features(state, params)
+            me = jnp.zeros((self.num_agents,) + features.shape[:2], jnp.float32).at[
+                jnp.arange(self.num_agents), state.positions[:, 0], state.positions[:, 1]].set(
+                state.active.astype(jnp.float32))
+            shared = jnp.broadcast_to(features, (self.num_agents,) + features.shape)
+            return jnp.concatenate([shared, me[..., None]], axis=-1)
+        return self.local_observations(state, params)
+
+    def map_features(self, state: MapfState, params: MapfParams) -> jax.Array:
+        """``float32[H, W, MAP_CHANNELS]``: what a whole-map policy sees, per cell.
+
+        Channels: obstacle; an active agent; an active agent's goal; then, for the
+        agent on the cell, whether each move (up, down, left, right) lowers (-1),
+        keeps (0) or raises/blocks (+1) its shortest-path distance to its goal;
+        and whether it stands on its goal.
+        """
+        blocked = params.blocked[state.instance]
+        height, width = blocked.shape
+        weight = state.active.astype(jnp.float32)
+        rows, cols = state.positions[:, 0], state.positions[:, 1]
+        agents = jnp.zeros(blocked.shape, jnp.float32).at[rows, cols].max(weight)
+        goals = jnp.zeros(blocked.shape, jnp.float32).at[state.goals[:, 0], state.goals[:, 1]].max(weight)
+        far = height * width
+        padded = jnp.pad(state.distances, ((0, 0), (1, 1), (1, 1)), constant_values=far)
+        index = jnp.arange(self.num_agents)
+        here = state.distances[index, rows, cols]
+        deltas = jnp.stack([padded[index, rows + 1 + dr, cols + 1 + dc] for dr, dc in MOVES[1:]], -1)
+        deltas = jnp.clip(deltas - here[:, None], -1, 1).astype(jnp.float32)
+        on_goal = jnp.all(state.positions == state.goals, -1).astype(jnp.float32)
+        per_agent = jnp.concatenate([deltas, on_goal[:, None]], -1) * weight[:, None]
+        planes = jnp.zeros(blocked.shape + (5,), jnp.float32).at[rows, cols].add(per_agent)
+        return jnp.concatenate([blocked[..., None].astype(jnp.float32), agents[..., None], goals[..., None], planes],
+                               axis=-1)
+
+    def local_observations(self, state: MapfState, params: MapfParams) -> jax.Array:
         """``float32[N, 2R+1, 2R+1, 3]``: obstacles, agents (self included), projected target."""
         r = self.obs_radius
         blocked = params.blocked[state.instance]
@@ -240,6 +298,8 @@ class MapfEnv(MultiAgentEnv):
         }
 
     def observation_space(self, params):
+        if self.observation == "map":
+            return spaces.Box(-1.0, 1.0, params.blocked.shape[1:] + (MAP_CHANNELS + 1,), jnp.float32)
         window = 2 * self.obs_radius + 1
         return spaces.Box(0.0, 1.0, (window, window, 3), jnp.float32)
 

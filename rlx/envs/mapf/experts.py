@@ -207,3 +207,78 @@ def prioritized_planning(blocked: np.ndarray, starts: np.ndarray, goals: np.ndar
     horizon = max(len(p) for p in paths)
     full = np.array([[p[min(t, len(p) - 1)] for p in paths] for t in range(horizon)], np.int64)
     return Solution(full, np.all(full[-1] == goals, axis=-1))
+
+
+# -- expert data in bulk ---------------------------------------------------------------------------------
+
+SOLVERS = {"pibt": pibt, "prioritized": prioritized_planning}
+
+
+def _solve(args):
+    solver, grid, starts, goals, max_steps, seed = args
+    return SOLVERS[solver](grid, starts, goals, max_steps, seed)
+
+
+def solve_all(instances: list[tuple], solver: str = "pibt", max_steps: int = 128, seed: int = 0,
+              processes: int | None = None) -> list[Solution]:
+    """Solve ``(blocked, starts, goals)`` instances in parallel processes (the solvers are NumPy)."""
+    import multiprocessing
+
+    if solver not in SOLVERS:
+        raise ValueError(f"solver {solver!r}: valid: {', '.join(SOLVERS)}")
+    jobs = [(solver, g, s, goals[:, 0] if goals.ndim == 3 else goals, max_steps, seed + i)
+            for i, (g, s, goals) in enumerate(instances)]
+    processes = processes or multiprocessing.cpu_count()
+    if processes == 1 or len(jobs) < 4:
+        return [_solve(job) for job in jobs]
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
+        return pool.map(_solve, jobs, chunksize=max(1, len(jobs) // (4 * processes)))
+
+
+def joint_actions(solutions: list[Solution], max_steps: int, num_agents: int) -> np.ndarray:
+    """``int8[M, max_steps, num_agents]``: each solution's actions, waits after it ends and for unused slots."""
+    actions = np.zeros((len(solutions), max_steps, num_agents), np.int8)
+    for i, solution in enumerate(solutions):
+        steps = solution.actions[:max_steps]
+        actions[i, :len(steps), :steps.shape[1]] = steps
+    return actions
+
+
+def save_dataset(path, instances: list[tuple], solutions: list[Solution], solver: str, max_steps: int) -> None:
+    """Expert trajectories as one ``.npz`` (the format ``load_dataset`` reads).
+
+    Keys: ``maps`` bool[M, H, W] (True: blocked; maps smaller than the largest are
+    padded with blocked cells), ``sizes`` int16[M, 2], ``starts`` and ``goals``
+    int16[M, N, 2] (row, column), ``agent_mask`` bool[M, N] (slots in use),
+    ``actions`` int8[M, T, N] (0 wait, 1 up, 2 down, 3 left, 4 right; waits
+    after a solution ends), ``lengths`` int32[M] (steps of each solution),
+    ``finished`` bool[M, N] (on its goal at the end), ``solver`` and ``max_steps``.
+    """
+    count, slots = len(instances), max(len(s) for _, s, _ in instances)
+    height = max(g.shape[0] for g, _, _ in instances)
+    width = max(g.shape[1] for g, _, _ in instances)
+    maps_ = np.ones((count, height, width), bool)
+    sizes = np.zeros((count, 2), np.int16)
+    starts = np.zeros((count, slots, 2), np.int16)
+    goals = np.zeros((count, slots, 2), np.int16)
+    mask = np.zeros((count, slots), bool)
+    finished = np.zeros((count, slots), bool)
+    for i, ((grid, s, g), solution) in enumerate(zip(instances, solutions)):
+        maps_[i, :grid.shape[0], :grid.shape[1]] = grid
+        sizes[i] = grid.shape
+        starts[i, :len(s)], goals[i, :len(s)] = s, (g[:, 0] if g.ndim == 3 else g)
+        mask[i, :len(s)] = True
+        finished[i, :len(s)] = solution.finished
+    lengths = np.array([len(solution.actions) for solution in solutions], np.int32)
+    np.savez_compressed(path, maps=maps_, sizes=sizes, starts=starts, goals=goals, agent_mask=mask,
+                        actions=joint_actions(solutions, max_steps, slots), lengths=lengths, finished=finished,
+                        solver=np.array(solver), max_steps=np.array(max_steps))
+
+
+def load_dataset(path) -> tuple[list[tuple], np.ndarray, np.ndarray]:
+    """``(instances, actions [M, T, N], finished [M, N])`` from a ``save_dataset`` file."""
+    data = np.load(path)
+    instances = []
+    for grid, (h, w), s, g, m in zip(data["maps"], data["sizes"], data["starts"], data["goals"], data["agent_mask"]):
+        instances.append((grid[:h, :w], s[m].astype(np.int32), g[m].astype(np.int32)))
+    return instances, data["actions"], data["finished"]

@@ -1,0 +1,332 @@
+"""A centralized, map-based MAPF policy trained by imitation, as pure jittable functions in one file.
+
+Vendorable: this file imports only jax, flax, optax and numpy. Copy it into
+your project and run ``python map_policy.py`` to train it on a built-in toy
+task (open grid, a scripted expert).
+
+The policy is a fully convolutional network over whole-map feature planes
+(in the spirit of RAILGUN, IROS 2025): it outputs 5 action logits for every
+cell, and each agent takes the action of the cell it stands on. One model
+therefore serves any map size and any number of agents; conflicts between the
+chosen moves are left to the environment's collision rules.
+
+Training is behaviour cloning of an expert's joint actions (e.g. PIBT): each
+update draws ``num_envs`` instances from the environment's pool, replays the
+expert's actions there for ``num_steps`` steps (so the states are the
+expert's), samples ``samples_per_episode`` of those steps and takes one Adam
+step on the cross-entropy of the expert's action at every active agent's cell.
+``train_return`` in the metrics is the imitation accuracy (the share of agent
+moves that match the expert); the rlx runner's evaluation reports the real
+task return (success rate in POGEMA's ``nothing`` mode).
+
+The environment must offer (rlx's ``MapfEnv`` with ``observation="map"`` does):
+
+* ``env.num_agents``; ``env.reset_to(instance, key, params) -> (obs, state)`` and
+  ``env.step_env(key, state, actions, params) -> (obs, state, rewards, terminated, info)``
+  without auto-reset; observations ``[n, H, W, C + 1]``: C feature planes shared by
+  every agent, then a plane that is 1 on the agent's own cell (all 0 once it is done);
+* ``params.expert_actions`` ``int[M, T, n]`` for the ``M`` instances of its pool.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import struct
+
+NUM_ACTIONS = 5  # wait, up, down, left, right
+
+
+def static(default):
+    """A dataclass field that shapes the program instead of being a pytree leaf."""
+    return struct.field(pytree_node=False, default=default)
+
+
+@struct.dataclass
+class Config:
+    """Imitation hyper-parameters; ``static`` fields decide shapes and program structure."""
+
+    lr: float = 1e-3
+    max_grad_norm: float = 1.0
+    weight_decay: float = 1e-4
+    total_timesteps: int = static(1_048_576)  # expert steps replayed (num_envs x num_steps per update)
+    num_envs: int = static(16)  # instances per update
+    num_steps: int = static(128)  # expert steps replayed per instance
+    samples_per_episode: int = static(8)  # of those, steps in the loss
+    channels: tuple = static((32, 32, 32, 32, 32, 32))  # one 3x3 convolution per entry
+    anneal_lr: bool = static(True)
+
+    @property
+    def batch_size(self) -> int:
+        return self.num_envs * self.num_steps
+
+    @property
+    def num_updates(self) -> int:
+        return self.total_timesteps // self.batch_size
+
+
+def validate(config: Config) -> None:
+    """Raise ``ValueError("field=value: rule")`` for the first invalid field, before tracing."""
+    rules = [
+        ("lr", config.lr > 0, "must be > 0"),
+        ("max_grad_norm", config.max_grad_norm > 0, "must be > 0"),
+        ("weight_decay", config.weight_decay >= 0, "must be >= 0"),
+        ("num_envs", config.num_envs >= 1, "must be >= 1"),
+        ("num_steps", config.num_steps >= 1, "must be >= 1"),
+        ("samples_per_episode", 1 <= config.samples_per_episode <= config.num_steps, "must be in [1, num_steps]"),
+        ("channels", len(config.channels) >= 1 and all(int(c) >= 1 for c in config.channels),
+         "needs at least one layer, every width >= 1"),
+        ("total_timesteps", config.num_updates >= 1, f"must be >= one batch ({config.batch_size})"),
+    ]
+    for field, ok, rule in rules:
+        if not ok:
+            raise ValueError(f"{field}={getattr(config, field)!r}: {rule}")
+
+
+# --------------------------------------------------------------------------- the network
+
+
+def neighbourhoods(x):
+    """``[..., H, W, C] -> [..., H, W, 9C]``: each cell's 3x3 neighbourhood (zeros beyond the map).
+
+    A 3x3 convolution is then a dense layer on these: the same function as
+    ``nn.Conv``, but XLA's CPU backend runs the matrix product much faster.
+    """
+    pad = [(0, 0)] * (x.ndim - 3) + [(1, 1), (1, 1), (0, 0)]
+    padded = jnp.pad(x, pad)
+    height, width = x.shape[-3], x.shape[-2]
+    shifts = [padded[..., r:r + height, c:c + width, :] for r in range(3) for c in range(3)]
+    return jnp.concatenate(shifts, axis=-1)
+
+
+class FullyConvolutional(nn.Module):
+    """Per-cell action logits from whole-map planes: 3x3 convolutions (ReLU, residual where widths match)."""
+
+    channels: tuple
+
+    @nn.compact
+    def __call__(self, planes):
+        x = planes
+        for width in self.channels:
+            y = nn.relu(nn.Dense(width)(neighbourhoods(x)))
+            x = x + y if x.shape[-1] == width else y
+        return nn.Dense(NUM_ACTIONS, kernel_init=nn.initializers.orthogonal(0.01))(x)
+
+
+def agent_logits(cell_logits, me):
+    """Each agent's logits ``[..., n, 5]``: the cell logits ``[..., H, W, 5]`` at its own cell
+    (``me`` ``[..., n, H, W]`` is 1 there)."""
+    return jnp.einsum("...nhw,...hwa->...na", me, cell_logits)
+
+
+# --------------------------------------------------------------------------- state and agent
+
+
+class Policy(NamedTuple):
+    params: Any
+
+
+class TrainState(struct.PyTreeNode):
+    params: Any
+    opt_state: Any
+    key: jax.Array
+    update_step: jax.Array
+    env_steps: jax.Array
+
+    @property
+    def policy(self) -> Policy:
+        return Policy(self.params)
+
+
+class Agent(NamedTuple):
+    init: Callable  # key -> TrainState
+    update: Callable  # TrainState -> (TrainState, metrics)
+    act: Callable  # (Policy, obs [..., n, H, W, C + 1], key, greedy, mask=None) -> actions [..., n]
+    replay: Callable  # (instance, key) -> expert episode (planes, agent cells, active, actions)
+
+
+def make(config: Config, env, env_params) -> Agent:
+    """Build the imitation learner's pure functions for one environment and its expert pool."""
+    network = FullyConvolutional(tuple(int(c) for c in config.channels))
+    expert = jnp.asarray(env_params.expert_actions)
+    pool_size, horizon = expert.shape[0], expert.shape[1]
+    steps = min(config.num_steps, horizon)
+    # each instance's expert length: steps until its last non-wait action
+    moving = jnp.any(expert != 0, axis=-1)
+    lengths = jnp.max(jnp.where(moving, jnp.arange(horizon)[None] + 1, 0), axis=1)
+    obs_spec, _ = jax.eval_shape(lambda k: env.reset_to(0, k, env_params), jax.random.PRNGKey(0))
+    features = obs_spec.shape[-1] - 1
+
+    optimizer = optax.chain(
+        optax.clip_by_global_norm(config.max_grad_norm),
+        optax.adamw(lambda count: config.lr * (1.0 - count / config.num_updates) if config.anneal_lr else config.lr,
+                    weight_decay=config.weight_decay),
+    )
+
+    def act(policy: Policy, obs, key, greedy: bool = False, mask=None):
+        planes, me = obs[..., 0, :, :, :features], obs[..., features]
+        logits = agent_logits(network.apply(policy.params, planes), me)
+        if mask is not None:
+            logits = jnp.where(mask, logits, -1e9)
+        return jnp.where(greedy, jnp.argmax(logits, -1), jax.random.categorical(key, logits)).astype(jnp.int32)
+
+    def init(key) -> TrainState:
+        net_key, key = jax.random.split(key)
+        params = network.init(net_key, jnp.zeros(obs_spec.shape[1:-1] + (features,)))
+        return TrainState(params=params, opt_state=optimizer.init(params), key=key,
+                          update_step=jnp.asarray(0, jnp.int32), env_steps=jnp.asarray(0, jnp.int32))
+
+    def replay(instance, key):
+        """The expert's episode on pool entry ``instance``: per step the shared planes ``[T, H, W, C]``,
+        each agent's cell index ``[T, n]``, whether it is active ``[T, n]`` and its expert action."""
+        reset_key, key = jax.random.split(key)
+        obs, env_state = env.reset_to(instance, reset_key, env_params)
+
+        def step(carry, t):
+            obs, env_state, key = carry
+            key, step_key = jax.random.split(key)
+            me = obs[..., features].reshape(obs.shape[0], -1)
+            record = (obs[0, ..., :features], jnp.argmax(me, -1), jnp.max(me, -1) > 0, expert[instance, t])
+            obs, env_state, *_ = env.step_env(step_key, env_state, expert[instance, t], env_params)
+            return (obs, env_state, key), record
+
+        return jax.lax.scan(step, (obs, env_state, key), jnp.arange(steps))[1]
+
+    def loss_fn(params, planes, cells, active, actions):
+        cell_logits = network.apply(params, planes)  # [S, H, W, 5]
+        flat = cell_logits.reshape(cell_logits.shape[0], -1, NUM_ACTIONS)
+        logits = jnp.take_along_axis(flat, cells[..., None], axis=1)  # [S, n, 5]
+        log_p = jax.nn.log_softmax(logits)
+        chosen = jnp.take_along_axis(log_p, actions[..., None].astype(jnp.int32), -1)[..., 0]
+        weight = active.astype(jnp.float32)
+        loss = -jnp.sum(chosen * weight) / jnp.maximum(weight.sum(), 1.0)
+        accuracy = jnp.sum((jnp.argmax(logits, -1) == actions) * weight) / jnp.maximum(weight.sum(), 1.0)
+        return loss, accuracy
+
+    def update(state: TrainState):
+        key, pick_key, replay_key, sample_key = jax.random.split(state.key, 4)
+        instances = jax.random.randint(pick_key, (config.num_envs,), 0, pool_size)
+        planes, cells, active, actions = jax.vmap(replay)(instances, jax.random.split(replay_key, config.num_envs))
+        # sample steps while the expert is still moving (at least the first)
+        limit = jnp.clip(lengths[instances], 1, steps)
+        picks = (jax.random.uniform(sample_key, (config.num_envs, config.samples_per_episode))
+                 * limit[:, None]).astype(jnp.int32)
+        take = lambda x: jnp.take_along_axis(  # noqa: E731
+            x, picks.reshape(picks.shape + (1,) * (x.ndim - 2)), axis=1).reshape((-1,) + x.shape[2:])
+        batch = (take(planes), take(cells), take(active), take(actions))
+        (loss, accuracy), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, *batch)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        state = state.replace(params=params, opt_state=opt_state, key=key, update_step=state.update_step + 1,
+                              env_steps=state.env_steps + config.num_envs * steps)
+        return state, {"loss": loss, "train_return": accuracy, "grad_norm": optax.global_norm(grads)}
+
+    return Agent(init=init, update=update, act=act, replay=replay)
+
+
+def train(config: Config, env, env_params, key, num_updates: int | None = None):
+    """``init`` then ``num_updates`` updates under ``lax.scan``; returns (final state, stacked metrics)."""
+    agent = make(config, env, env_params)
+    return jax.lax.scan(lambda s, _: agent.update(s), agent.init(key), None, num_updates or config.num_updates)
+
+
+# --------------------------------------------------------------------------- the command-line demo
+
+
+@struct.dataclass
+class ToyParams:
+    starts: jax.Array  # [M, n, 2]
+    goals: jax.Array  # [M, n, 2]
+    expert_actions: jax.Array  # [M, T, n]
+
+
+class ToyGrid:
+    """Agents cross an open ``size x size`` grid; a move into another agent's cell or a contested cell
+    (lowest index wins) is a wait. Map planes: agents, goals, and per agent which moves bring it closer."""
+
+    moves = jnp.array([[0, 0], [-1, 0], [1, 0], [0, -1], [0, 1]])
+
+    def __init__(self, size: int = 6, num_agents: int = 4):
+        self.size, self.num_agents = size, num_agents
+
+    def planes(self, positions, goals):
+        n, size = self.num_agents, self.size
+        cells = jnp.zeros((size, size, 7)).at[positions[:, 0], positions[:, 1], 0].set(1.0)
+        cells = cells.at[goals[:, 0], goals[:, 1], 1].set(1.0)
+        before = jnp.abs(goals - positions).sum(-1)
+        after = jnp.abs(goals[:, None] - jnp.clip(positions[:, None] + self.moves, 0, size - 1)).sum(-1)
+        closer = jnp.sign(after - before[:, None]).astype(jnp.float32)  # [n, 5]
+        me = jnp.zeros((n, size, size)).at[jnp.arange(n), positions[:, 0], positions[:, 1]].set(1.0)
+        cells = cells.at[positions[:, 0], positions[:, 1], 2:].set(closer)
+        return jnp.concatenate([jnp.broadcast_to(cells, (n,) + cells.shape), me[..., None]], -1)
+
+    def reset_to(self, instance, key, params):
+        positions = params.starts[instance]
+        return self.planes(positions, params.goals[instance]), (positions, params.goals[instance])
+
+    def step_env(self, key, state, actions, params):
+        positions, goals = state
+        wanted = jnp.clip(positions + self.moves[actions], 0, self.size - 1)
+        taken = jnp.any(jnp.all(wanted[:, None] == positions[None], -1) & ~jnp.eye(self.num_agents, dtype=bool), 1)
+        earlier = jnp.tril(jnp.all(wanted[:, None] == wanted[None], -1), -1)
+        go = ~taken & ~jnp.any(earlier, 1)
+        positions = jnp.where(go[:, None], wanted, positions)
+        done = jnp.all(positions == goals, -1)
+        return self.planes(positions, goals), (positions, goals), done.astype(jnp.float32), done, {}
+
+    def expert(self, positions, goals):
+        """Row first, then column, toward the goal (the environment resolves conflicts)."""
+        dr, dc = goals[:, 0] - positions[:, 0], goals[:, 1] - positions[:, 1]
+        return jnp.where(dr < 0, 1, jnp.where(dr > 0, 2, jnp.where(dc < 0, 3, jnp.where(dc > 0, 4, 0))))
+
+    def pool(self, key, count: int, horizon: int) -> ToyParams:
+        cells = self.size * self.size
+
+        def one(key):
+            start_key, goal_key = jax.random.split(key)
+            pick = lambda k: jax.random.permutation(k, cells)[:self.num_agents]  # noqa: E731
+            as_rc = lambda i: jnp.stack([i // self.size, i % self.size], -1)  # noqa: E731
+            starts, goals = as_rc(pick(start_key)), as_rc(pick(goal_key))
+
+            def step(positions, _):
+                actions = self.expert(positions, goals)
+                _, (positions, _), *_ = self.step_env(None, (positions, goals), actions, None)
+                return positions, actions
+
+            return starts, goals, jax.lax.scan(step, starts, None, horizon)[1]
+
+        starts, goals, actions = jax.vmap(one)(jax.random.split(key, count))
+        return ToyParams(starts, goals, actions)
+
+
+def _cli():
+    import argparse
+    import os
+    import time
+
+    os.environ.setdefault("XLA_FLAGS", "--xla_cpu_enable_concurrency_optimized_scheduler=false")
+    parser = argparse.ArgumentParser(description="Imitate a scripted expert on a toy open-grid MAPF task.")
+    parser.add_argument("--timesteps", type=int, default=20_480)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    env = ToyGrid()
+    params = env.pool(jax.random.PRNGKey(args.seed + 1), 256, 16)
+    config = Config(total_timesteps=args.timesteps, num_envs=16, num_steps=16, samples_per_episode=8,
+                    channels=(32, 32, 32), lr=3e-3)
+    validate(config)
+    start = time.perf_counter()
+    _, metrics = jax.jit(lambda k: train(config, env, params, k))(jax.random.PRNGKey(args.seed))
+    accuracy = np.asarray(metrics["train_return"])
+    step = max(1, len(accuracy) // 10)
+    for i in range(step - 1, len(accuracy), step):
+        print(f"update {i + 1:6d}  expert steps {(i + 1) * config.batch_size:8d}  imitation accuracy {accuracy[i]:.3f}")
+    print(f"final train return {accuracy[-1]:.3f} (imitation accuracy; chance 0.2) in {time.perf_counter() - start:.1f}s")
+
+
+if __name__ == "__main__":
+    _cli()
