@@ -121,9 +121,17 @@ def render(name: str, experiment: Experiment, rows: dict[str, dict], command: st
     return "\n".join(lines)
 
 
-def reproduce(name: str, seeds: int, quick: bool) -> Path:
+# Tables of another shape, each with its own driver module: name -> module with reproduce(out, quick, skip_training).
+CUSTOM = {"mapf_random": "rlx.envs.mapf.study"}
+
+
+def reproduce(name: str, seeds: int, quick: bool, skip_training: bool = False) -> Path:
+    if name in CUSTOM:
+        import importlib
+
+        return importlib.import_module(CUSTOM[name]).reproduce(ROOT / "experiments" / name, quick, skip_training)
     if name not in EXPERIMENTS:
-        raise UnknownNameError("experiment", name, sorted(EXPERIMENTS))
+        raise UnknownNameError("experiment", name, sorted({**EXPERIMENTS, **CUSTOM}))
     experiment = EXPERIMENTS[name]
     out = ROOT / "experiments" / name
     overrides = experiment.quick_overrides if quick else ()
@@ -149,12 +157,14 @@ def reproduce(name: str, seeds: int, quick: bool) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m rlx.reproduce", description=__doc__.splitlines()[0])
-    parser.add_argument("name", help=f"one of {sorted(EXPERIMENTS)}")
+    parser.add_argument("name", help=f"one of {sorted({**EXPERIMENTS, **CUSTOM})}")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="tiny budgets: check the plumbing, numbers meaningless")
+    parser.add_argument("--skip-training", action="store_true",
+                        help="mapf_random: evaluate the runs already in experiments/NAME/runs instead of training")
     args = parser.parse_args(argv)
     try:
-        reproduce(args.name, args.seeds, args.quick)
+        reproduce(args.name, args.seeds, args.quick, args.skip_training)
     except UnknownNameError as error:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None

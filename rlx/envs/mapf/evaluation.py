@@ -1,0 +1,82 @@
+"""Measuring MAPF methods the same way: every method's joint actions run in ``MapfEnv``.
+
+Solvers on the host (PIBT, prioritized planning) hand over their joint
+actions; learned and random policies act inside ``jit``. Either way the
+episode runs in the environment (its collision rules have the last word) until
+it ends, and POGEMA's metrics are read from the step it ends on.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlx.envs.mapf import experts
+from rlx.envs.mapf.env import MapfEnv, MapfParams
+
+METRICS = ("csr", "isr", "soc", "makespan", "throughput")
+
+
+def _episodes(env: MapfEnv, pool: MapfParams, choose: Callable, key) -> dict[str, np.ndarray]:
+    """Run every pool instance once; ``choose(obs, state, t, key) -> actions [n]`` per instance."""
+    horizon = int(pool.max_steps_in_episode)
+
+    def episode(instance, key):
+        reset_key, key = jax.random.split(key)
+        obs, state = env.reset_to(instance, reset_key, pool)
+        first = {name: jnp.zeros(()) for name in METRICS}
+
+        def step(carry, t):
+            obs, state, over, final, key = carry
+            key, act_key, step_key = jax.random.split(key, 3)
+            actions = choose(obs, state, t, act_key)
+            obs, new_state, _, terminated, info = env.step_env(step_key, state, actions, pool)
+            ends = ~over & (jnp.all(terminated) | (t + 1 >= horizon))
+            final = {name: jnp.where(ends, info[name], final[name]) for name in METRICS}
+            state = jax.tree.map(lambda new, old: jnp.where(over, old, new), new_state, state)
+            return (obs, state, over | ends, final, key), None
+
+        carry = (obs, state, jnp.asarray(False), first, key)
+        (_, _, _, final, _), _ = jax.lax.scan(step, carry, jnp.arange(horizon))
+        return final
+
+    count = pool.blocked.shape[0]
+    results = jax.jit(jax.vmap(episode))(jnp.arange(count), jax.random.split(key, count))
+    return {name: np.asarray(values) for name, values in results.items()}
+
+
+def evaluate_actions(env: MapfEnv, pool: MapfParams, actions: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-instance metrics of fixed joint actions ``[M, T, n]`` (e.g. a solver's)."""
+    actions = jnp.asarray(actions, jnp.int32)
+    horizon = int(pool.max_steps_in_episode)
+    if actions.shape[1] < horizon:
+        actions = jnp.pad(actions, ((0, 0), (0, horizon - actions.shape[1]), (0, 0)))
+    return _episodes(env, pool, lambda obs, state, t, key: actions[state.instance, t], jax.random.PRNGKey(0))
+
+
+def evaluate_policy(env: MapfEnv, pool: MapfParams, act: Callable, key) -> dict[str, np.ndarray]:
+    """Per-instance metrics of ``act(obs [n, ...], key) -> actions [n]``."""
+    return _episodes(env, pool, lambda obs, state, t, k: act(obs, k), key)
+
+
+def random_actions(num_agents: int) -> Callable:
+    return lambda obs, key: jax.random.randint(key, (num_agents,), 0, 5)
+
+
+def solver_actions(instances: list[tuple], solver: str, horizon: int, num_agents: int) -> np.ndarray:
+    """``[M, horizon, num_agents]`` joint actions of a host solver on each instance (parallel processes)."""
+    solutions = experts.solve_all(instances, solver, horizon)
+    return experts.joint_actions(solutions, horizon, num_agents)
+
+
+def summarize(metrics: dict[str, np.ndarray]) -> dict[str, float]:
+    """Means over instances; SoC and makespan over the solved ones only (as MAPF papers report them)."""
+    solved = metrics["csr"] > 0.5
+    out = {name: float(np.mean(metrics[name])) for name in ("csr", "isr", "throughput")}
+    for name in ("soc", "makespan"):
+        out[name] = float(np.mean(metrics[name][solved])) if solved.any() else float("nan")
+    out["instances"] = int(len(solved))
+    return out
