@@ -231,9 +231,9 @@ def solve_all(instances: list[tuple], solver: str = "pibt", max_steps: int = 128
     processes = processes or multiprocessing.cpu_count()
     if processes == 1 or len(jobs) < 4:
         return [_solve(job) for job in jobs]
-    # fork, not spawn: spawn re-runs the caller's script in every worker, which breaks scripts without a
-    # `__main__` guard; the workers only run NumPy, never JAX.
-    with multiprocessing.get_context("fork").Pool(processes) as pool:
+    # spawn, not fork (JAX's threads do not survive a fork). As with any spawn pool, a script that gets
+    # here must keep its top-level code under `if __name__ == "__main__":`.
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
         return pool.map(_solve, jobs, chunksize=max(1, len(jobs) // (4 * processes)))
 
 
