@@ -66,6 +66,18 @@ def random_actions(num_agents: int) -> Callable:
     return lambda obs, key: jax.random.randint(key, (num_agents,), 0, 5)
 
 
+def greedy_shortest_path(num_agents: int) -> Callable:
+    """Each agent takes a move that shortens its own distance to goal (ignoring everyone else), else waits.
+
+    Acts on ``observation="map"`` observations (the per-agent move signs of ``MapfEnv.map_features``)."""
+    def act(obs, key):
+        signs = jnp.einsum("nhw,hwc->nc", obs[..., -1], obs[0, ..., 3:7])  # [n, 4]: up, down, left, right
+        best = jnp.argmin(signs, axis=-1)
+        return jnp.where(jnp.min(signs, axis=-1) < 0, best + 1, 0).astype(jnp.int32)
+
+    return act
+
+
 def solver_actions(instances: list[tuple], solver: str, horizon: int, num_agents: int) -> np.ndarray:
     """``[M, horizon, num_agents]`` joint actions of a host solver on each instance (parallel processes)."""
     solutions = experts.solve_all(instances, solver, horizon)

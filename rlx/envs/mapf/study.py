@@ -3,7 +3,8 @@
 Unseen random maps as POGEMA's benchmark draws them (17-21 cells a side,
 obstacle density 0.1-0.3, horizon 128, soft collisions, ``nothing`` mode), a
 fixed number of maps per agent count N in {8, 16, 32, 64}, drawn with seeds
-that no training pool uses. Rows: random actions, PIBT, prioritized planning
+that no training pool uses. Rows: random actions, every agent on its own shortest path
+(no coordination; the environment resolves conflicts), PIBT, prioritized planning
 (space-time A*), the centralized map policy (``+exp=mapf_map_policy``, trained
 at N=32 and applied at every N: it is size- and count-agnostic), and
 decentralized MAPPO (``+exp=mappo_mapf_random``, N=16 only: its actor input
@@ -69,6 +70,9 @@ def reproduce(out: Path, quick: bool, skip_training: bool) -> Path:
         print(f"[mapf_random] N={n}: {maps} maps", flush=True)
         rows.setdefault("random actions", {})[n] = evaluation.summarize(
             evaluation.evaluate_policy(local, pool, evaluation.random_actions(n), jax.random.PRNGKey(n)))
+        whole_map = MapfEnv(n, 5, "soft", "nothing", pool, observation="map")
+        rows.setdefault("shortest path, no coordination", {})[n] = evaluation.summarize(
+            evaluation.evaluate_policy(whole_map, pool, evaluation.greedy_shortest_path(n), jax.random.PRNGKey(n)))
         for label, solver in (("PIBT", "pibt"), ("prioritized planning (space-time A*)", "prioritized")):
             actions = evaluation.solver_actions(drawn, solver, HORIZON, n)
             rows.setdefault(label, {})[n] = evaluation.summarize(evaluation.evaluate_actions(local, pool, actions))
