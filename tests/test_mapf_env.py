@@ -202,3 +202,17 @@ def test_lifelong_mode_draws_new_goals_in_the_component_and_counts_throughput():
     assert goals[0, 0] == 0 and goals[1, 0] == 2  # stays in its own row (component)
     assert not np.array_equal(goals[0], [0, 1]) and not np.array_equal(goals[1], [2, 1])
     assert float(info["throughput"]) == 2.0  # two goals in one step
+
+
+def test_every_mapf_layout_builds_and_steps(tmp_path):
+    map_file = tmp_path / "tiny.map"
+    map_file.write_text("type octile\nheight 4\nwidth 5\nmap\n.....\n.@@..\n.....\n..T..\n")
+    for name, options in (("mapf_random", {}), ("mapf_maze", {"size": [9, 11]}), ("mapf_warehouse", {}),
+                          ("mapf_file", {"map_file": str(map_file)})):
+        env, params = registry.make(name, {"num_agents": 3, "pool_size": 4, **options})
+        obs, state = env.reset(jax.random.PRNGKey(0), params)
+        obs, state, rewards, terminated, truncated, info = env.step(
+            jax.random.PRNGKey(1), state, jnp.zeros(3, jnp.int32), params)
+        assert obs.shape == (3, 11, 11, 3) and rewards.shape == (3,), name
+    with pytest.raises(ConfigError, match="map_file: a MovingAI .map file is needed"):
+        registry.make("mapf_file", {"num_agents": 2, "pool_size": 2})

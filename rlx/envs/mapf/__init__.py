@@ -74,7 +74,7 @@ def expert_actions(drawn: list[tuple], solver: str, max_steps: int, num_agents: 
 
 def _require(map_file: str | None) -> str:
     if not map_file:
-        raise ConfigError("env.options.map_file: a MovingAI .map file is needed with maps=file")
+        raise ConfigError("env.options.map_file: a MovingAI .map file is needed with layout file (env=mapf_file)")
     return map_file
 
 
