@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections import deque
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,24 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlx.envs import registry
-from rlx.envs.mapf import instances, maps
+from rlx.envs.mapf import experts, instances, maps
 from rlx.envs.mapf.env import COLLISION_SYSTEMS, MapfEnv, distance_fields, move, shortest_path_actions
 from rlx.errors import ConfigError
-
-
-def bfs_numpy(blocked, goal):
-    far = blocked.size
-    dist = np.full(blocked.shape, far)
-    dist[tuple(goal)] = 0
-    queue = deque([tuple(goal)])
-    while queue:
-        r, c = queue.popleft()
-        for nr, nc in ((r - 1, c), (r + 1, c), (r, c - 1), (r, c + 1)):
-            if 0 <= nr < blocked.shape[0] and 0 <= nc < blocked.shape[1] and not blocked[nr, nc] \
-                    and dist[nr, nc] == far:
-                dist[nr, nc] = dist[r, c] + 1
-                queue.append((nr, nc))
-    return dist
 
 
 # -- maps and instances -------------------------------------------------------------------------------
@@ -163,7 +146,7 @@ def test_distance_fields_match_a_numpy_bfs_and_point_downhill():
     starts, goals = maps.sample_instance(grid, 6, rng)
     fields = np.asarray(distance_fields(jnp.asarray(grid), jnp.asarray(goals), jnp.array([12, 12])))
     for agent, goal in enumerate(goals):
-        expected = bfs_numpy(grid, goal)
+        expected = experts.distances_to(grid, goal)  # NumPy BFS
         np.testing.assert_array_equal(np.where(grid, grid.size, fields[agent]), np.where(grid, grid.size, expected))
     actions = np.asarray(shortest_path_actions(jnp.asarray(fields), jnp.asarray(starts)))
     moves = np.array([[0, 0], [-1, 0], [1, 0], [0, -1], [0, 1]])

@@ -37,8 +37,6 @@ is written in index order); ours is drawn from the positions, so it never does.
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -464,8 +462,3 @@ def shortest_path_actions(distances, positions) -> jax.Array:
         return jnp.where(values[best] < values[0], best, 0).astype(jnp.int32)
 
     return jax.vmap(one)(distances, positions)
-
-
-def env_info(env: MapfEnv) -> dict[str, Any]:
-    return {"num_agents": env.num_agents, "obs_radius": env.obs_radius, "collision_system": env.collision_system,
-            "on_target": env.on_target}
