@@ -48,6 +48,8 @@ ENVIRONMENTS = {
     "mapf_maze": ("rlx.envs.mapf", "make_mapf", {"layout": "maze"}),
     "mapf_warehouse": ("rlx.envs.mapf", "make_mapf", {"layout": "warehouse"}),
     "mapf_file": ("rlx.envs.mapf", "make_mapf", {"layout": "file"}),
+    # Market making, model-based (rlx/envs/market/quoting.py): Avellaneda-Stoikov / Cartea-Jaimungal quoting.
+    "market_quoting": ("rlx.envs.market.quoting", "QuotingEnv"),
     # Probe tasks with known answers (rlx/envs/probes.py), for debugging agents.
     "Probe-ConstantReward": ("rlx.envs.probes", "ConstantReward"),
     "Probe-ObservationReward": ("rlx.envs.probes", "ObservationReward"),
@@ -94,7 +96,9 @@ def make(name: str, options: dict | None = None, **param_overrides):
     unknown = sorted(set(param_overrides) - valid)
     if unknown:
         raise ConfigError(f"env.params.{unknown[0]}: unknown parameter of {name}; valid: {', '.join(sorted(valid))}")
-    return env, params.replace(**param_overrides)
+    params = params.replace(**param_overrides)
+    check = getattr(env, "check_params", None)
+    return env, (check(params) if check else params)
 
 
 def import_env_module(module_name: str) -> types.ModuleType:
