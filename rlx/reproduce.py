@@ -122,7 +122,7 @@ def render(name: str, experiment: Experiment, rows: dict[str, dict], command: st
 
 
 # Tables of another shape, each with its own driver module: name -> module with reproduce(out, quick, skip_training).
-CUSTOM = {"mapf_random": "rlx.envs.mapf.study"}
+CUSTOM = {"mapf_random": "rlx.envs.mapf.study", "mm_quoting": "rlx.envs.market.study"}
 
 
 def reproduce(name: str, seeds: int, quick: bool, skip_training: bool = False) -> Path:
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="tiny budgets: check the plumbing, numbers meaningless")
     parser.add_argument("--skip-training", action="store_true",
-                        help="mapf_random: evaluate the runs already in experiments/NAME/runs instead of training")
+                        help="mapf_random, mm_quoting: evaluate the runs already in experiments/NAME/runs instead of training")
     args = parser.parse_args(argv)
     try:
         reproduce(args.name, args.seeds, args.quick, args.skip_training)

@@ -218,3 +218,31 @@ def test_bad_parameters_name_the_field(overrides, field):
 def test_unknown_action_kind_lists_the_valid_ones():
     with pytest.raises(ConfigError, match="continuous, discrete"):
         registry.make("market_quoting", {"actions": "grid"})
+
+
+def test_paired_ratio_of_proportional_paths_is_exact():
+    from rlx.envs.market.study import paired_ratio
+
+    optimum = np.random.default_rng(0).normal(60, 6, 1000)
+    ratio, half_width = paired_ratio(0.9 * optimum, optimum)
+    assert ratio == pytest.approx(0.9) and half_width == pytest.approx(0.0, abs=1e-9)
+    ratio, half_width = paired_ratio(optimum + np.random.default_rng(1).normal(0, 6, 1000), optimum)
+    assert abs(ratio - 1) < 3 * half_width / 1.96 and half_width > 0
+
+
+@pytest.mark.slow
+def test_ppo_preset_reaches_95_percent_of_the_optimum(run_cli, tmp_path):
+    """The experiments/mm_quoting claim on two seeds: PPO's greedy value >= 0.95 of Cartea-Jaimungal's, same paths."""
+    from rlx.envs.market.study import learned_policy, paired_ratio
+    from rlx.runner.components import load_trained
+
+    done = run_cli("+exp=ppo_market_quoting", "logger=none", "run.num_seeds=2", timeout=600)
+    assert done.returncode == 0, done.stderr
+    run = load_trained(tmp_path / "run")
+    env, params = run.parts.env, run.parts.env_params
+    key = jax.random.PRNGKey(5)
+    optimum = baselines.simulate(env, params, baselines.cartea_jaimungal(params), key, 4000)["return"]
+    for seed in range(2):
+        learned = baselines.simulate(env, params, learned_policy(run, seed), key, 4000)["return"]
+        ratio, _ = paired_ratio(np.asarray(learned), np.asarray(optimum))
+        assert ratio >= 0.95, (seed, ratio)
