@@ -50,6 +50,8 @@ ENVIRONMENTS = {
     "mapf_file": ("rlx.envs.mapf", "make_mapf", {"layout": "file"}),
     # Market making, model-based (rlx/envs/market/quoting.py): Avellaneda-Stoikov / Cartea-Jaimungal quoting.
     "market_quoting": ("rlx.envs.market.quoting", "QuotingEnv"),
+    # Market making on order-book days (rlx/envs/market/book.py): 17 actions, queue positions, time or event steps.
+    "market_book": ("rlx.envs.market.book", "make_book"),
     # Probe tasks with known answers (rlx/envs/probes.py), for debugging agents.
     "Probe-ConstantReward": ("rlx.envs.probes", "ConstantReward"),
     "Probe-ObservationReward": ("rlx.envs.probes", "ObservationReward"),
