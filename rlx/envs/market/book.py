@@ -239,7 +239,7 @@ class BookEnv(environment.Environment):
         ledger = Ledger(inventory_before=state.inventory, inventory_after=inventory, mid_before=mid_before,
                         mid_after=mid_after, spread=spread, fees=fees, realized=realized - fees,
                         closed_notional=closed_notional, wealth_change=wealth_change)
-        step_reward, moments = reward(ledger, state.moments, params.rewards)
+        step_reward, moments = reward(ledger, state.moments, params.rewards, params.taker_fee)
         new_state = new_state.replace(moments=moments)
         info = {"inventory": inventory, "wealth": self.wealth(new_state, mid_after), "bid_fill": bid_fill,
                 "ask_fill": ask_fill, "flatten": flatten.astype(jnp.float32), "day": d, "mid": mid_after}

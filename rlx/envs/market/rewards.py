@@ -52,7 +52,6 @@ class RewardSettings:
     sharpe_eta: float = 0.01
     dampening: float = 1.0
     completion_multiple: float = 2.0
-    taker_fee: float = 0.0005  # share of notional
     inventory_penalty: float = 0.01
 
 
@@ -69,11 +68,12 @@ def differential_sharpe(ret, moments):
     return sharpe, (mean + eta * d_mean, second + eta * d_second)
 
 
-def reward(ledger: Ledger, moments: jax.Array, settings: RewardSettings) -> tuple[jax.Array, jax.Array]:
-    """``(reward, new_moments)``; ``moments`` = ``[A, B]`` of the differential Sharpe ratio (carried in the state)."""
+def reward(ledger: Ledger, moments: jax.Array, settings: RewardSettings, taker_fee) -> tuple[jax.Array, jax.Array]:
+    """``(reward, new_moments)``; ``moments`` = ``[A, B]`` of the differential Sharpe ratio (carried in the state);
+    ``taker_fee`` (share of notional) sets the trade-completion threshold."""
     position = positional(ledger)
     sharpe, (mean, second) = differential_sharpe(ledger.wealth_change, (moments[0], moments[1], settings.sharpe_eta))
-    threshold = settings.completion_multiple * settings.taker_fee * ledger.closed_notional
+    threshold = settings.completion_multiple * taker_fee * ledger.closed_notional
     completed = jnp.where(ledger.closed_notional > 0,
                           jnp.where(ledger.realized >= threshold, 1.0, jnp.where(ledger.realized <= -threshold, -1.0, 0.0)),
                           0.0)

@@ -1,0 +1,232 @@
+"""The order-book market-making environment: stepping, features, the seven rewards, the broker."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlx.envs import registry
+from rlx.envs.market import book, features, rewards, synthetic
+from rlx.envs.market.data import BookDay
+from rlx.errors import ConfigError
+
+LEVELS = 15
+
+
+def flat_day(steps: int, mids=None, trades=(), best_bid=1000, size=5.0) -> BookDay:
+    """A hand-built day: 1-s snapshots, contiguous levels, ``size`` everywhere; ``mids`` shift the book (ticks)."""
+    shift = np.zeros(steps, np.int64) if mids is None else np.asarray(mids, np.int64)
+    bids = best_bid + shift[:, None] - np.arange(LEVELS)
+    asks = best_bid + 1 + shift[:, None] + np.arange(LEVELS)
+    times, prices, sizes, sides = (np.array(v, dtype) for v, dtype in
+                                   zip(zip(*trades) if trades else ([], [], [], []), (float, np.int64, float, np.int64)))
+    return BookDay(timestamps=np.arange(1.0, steps + 1), bid_prices=bids, bid_sizes=np.full((steps, LEVELS), size),
+                   ask_prices=asks, ask_sizes=np.full((steps, LEVELS), size), trade_times=times, trade_prices=prices,
+                   trade_sizes=sizes, trade_sides=sides, tick_size=0.01, name="hand")
+
+
+def test_time_and_event_stepping_indices():
+    day = flat_day(30, mids=[0] * 5 + [1] * 5 + [3] * 5 + [2] * 5 + [6] * 10)
+    np.testing.assert_array_equal(features.decision_indices(day, "time", 10.0, 1.0), [0, 10, 20])
+    # mid in ticks ~1000.5; 2 ticks ~ 20 bps: events at moves of >= 19 bps from the last event's mid.
+    np.testing.assert_array_equal(features.decision_indices(day, "event", 1.0, 19.0), [0, 10, 20])
+    np.testing.assert_array_equal(features.decision_indices(day, "event", 1.0, 9.0), [0, 5, 10, 15, 20])  # 1 tick ~ 10 bps
+    with pytest.raises(ConfigError, match="threshold_bps"):
+        features.decision_indices(day, "event", 1.0, 0.0)
+    with pytest.raises(ConfigError, match="valid: time, event"):
+        features.decision_indices(day, "tick", 1.0, 1.0)
+
+
+def test_trades_are_assigned_to_steps_and_levels():
+    trades = [(1.5, 1000, 2.0, -1), (2.5, 999, 1.0, -1), (2.6, 1000, 4.0, -1), (3.5, 1003, 3.0, 1)]
+    day = flat_day(4, trades=trades)
+    sell_volume, sell_low, buy_volume, buy_high = features.step_trades(day, np.arange(4), LEVELS)
+    np.testing.assert_allclose(sell_volume[:, :2], [[2, 0], [4, 1], [0, 0]])
+    np.testing.assert_array_equal(sell_low, [1000, 999, features.NO_TRADE_LOW])
+    np.testing.assert_allclose(buy_volume[2, :3], [0, 0, 3])  # asks 1001, 1002, 1003
+    np.testing.assert_array_equal(buy_high, [features.NO_TRADE_HIGH, features.NO_TRADE_HIGH, 1003])
+
+
+def test_order_flow_imbalance_by_hand():
+    bid_p, ask_p = np.array([[10.0], [11.0], [11.0]]), np.array([[12.0], [12.0], [13.0]])
+    bid_q, ask_q = np.array([[2.0], [3.0], [1.0]]), np.array([[4.0], [5.0], [6.0]])
+    # t=1: bid up (+3), ask same (-5 + 4); t=2: bid same (1 - 3), ask up (+5)
+    np.testing.assert_allclose(features.order_flow_imbalance(bid_p, bid_q, ask_p, ask_q)[:, 0], [0, 2, 3])
+
+
+def test_rsi_and_rolling_sums_by_hand():
+    np.testing.assert_allclose(features.rolling_sum(np.array([1.0, 2, 3, 4]), 2), [1, 3, 5, 7])
+    np.testing.assert_allclose(features.rsi(np.array([0.0, 1, 3, 2, 2]), 3), [0, 1, 1, 0.5, 1 / 3])  # last window: +2, -1, 0
+
+
+LEDGER = dict(inventory_before=2.0, inventory_after=1.0, mid_before=100.0, mid_after=101.5, spread=0.5, fees=0.1,
+              realized=0.9, closed_notional=102.0, wealth_change=3.4)
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("positional", 3.0),
+    ("positional_fills", 3.4),
+    ("realized", 0.9),
+    ("asymmetrical", 0.5 - 0.1 + 0.0 + 0.0),  # gains fully dampened (dampening 1)
+    ("trade_completion", 1.0),  # 0.9 >= 2 * 0.0005 * 102
+    ("inventory_penalty", 3.4 - 0.01 * 1.0),
+])
+def test_each_reward_on_a_hand_built_step(name, expected):
+    settings = rewards.RewardSettings(reward=rewards.REWARDS.index(name))
+    value, _ = rewards.reward(rewards.Ledger(**LEDGER), jnp.zeros(2), settings, 0.0005)
+    assert float(value) == pytest.approx(expected, rel=1e-5)
+
+
+def test_asymmetrical_keeps_losses_and_trade_completion_is_symmetric():
+    losing = {**LEDGER, "mid_after": 99.0, "realized": -0.5}
+    settings = rewards.RewardSettings(reward=rewards.REWARDS.index("asymmetrical"), dampening=0.5)
+    value, _ = rewards.reward(rewards.Ledger(**losing), jnp.zeros(2), settings, 0.0005)
+    assert float(value) == pytest.approx(0.5 - 0.1 - 2.0)
+    settings = rewards.RewardSettings(reward=rewards.REWARDS.index("trade_completion"))
+    value, _ = rewards.reward(rewards.Ledger(**losing), jnp.zeros(2), settings, 0.0005)
+    assert float(value) == -1.0
+    small = {**LEDGER, "realized": 0.05}
+    assert float(rewards.reward(rewards.Ledger(**small), jnp.zeros(2), settings, 0.0005)[0]) == 0.0
+
+
+def test_differential_sharpe_matches_a_numpy_loop():
+    returns = np.random.default_rng(0).normal(0.1, 1.0, 50)
+    eta, a, b, expected = 0.1, 0.0, 0.0, []
+    for r in returns:
+        variance = b - a * a
+        expected.append((b * (r - a) - 0.5 * a * (r * r - b)) / variance**1.5 if variance > 1e-12 else 0.0)
+        a, b = a + eta * (r - a), b + eta * (r * r - b)
+    settings = rewards.RewardSettings(reward=rewards.REWARDS.index("differential_sharpe"), sharpe_eta=eta)
+    moments, got = jnp.zeros(2), []
+    for r in returns:
+        value, moments = rewards.reward(rewards.Ledger(**{**LEDGER, "wealth_change": jnp.float32(r)}), moments, settings, 0.0005)
+        got.append(float(value))
+    np.testing.assert_allclose(got, expected, rtol=2e-3, atol=2e-3)
+
+
+def test_average_entry_and_realized_pnl_by_hand():
+    q, entry, realized, closed = book.apply_fill(0.0, 0.0, 1.0, 100.0)
+    q, entry, realized, closed = book.apply_fill(q, entry, 1.0, 102.0)
+    assert (float(q), float(entry), float(realized)) == (2.0, 101.0, 0.0)
+    q, entry, realized, closed = book.apply_fill(q, entry, -3.0, 105.0)
+    assert (float(q), float(entry), float(realized), float(closed)) == (-1.0, 105.0, 8.0, 2.0)
+
+
+def test_walk_book_slippage_by_hand():
+    prices, sizes = jnp.array([100.0, 99.0, 98.0]), jnp.array([1.0, 2.0, 1.0])
+    assert float(book.walk_book(prices, sizes, 2.5)) == pytest.approx(100 + 99 * 1.5)
+    assert float(book.walk_book(prices, sizes, 5.0)) == pytest.approx(100 + 198 + 98 + 97)  # beyond: one tick worse
+
+
+def one_day_env(day, **settings):
+    params = book.build_params([day], "time", 1.0, 1.0, LEVELS, **settings)
+    return book.BookEnv(params, window=2), params
+
+
+def run_actions(env, params, actions):
+    _, state = env.reset(jax.random.PRNGKey(0), params)
+    out = []
+    for action in actions:
+        _, state, reward, terminated, _, info = env.step(jax.random.PRNGKey(1), state, jnp.int32(action), params)
+        out.append((state, float(reward), bool(terminated), info))
+    return out
+
+
+def action_for(bid_level, ask_level):
+    return book.LEVEL_PAIRS.index((bid_level, ask_level)) + 1
+
+
+def test_queue_ahead_is_consumed_before_our_order_fills():
+    """Bid at level 1 behind 5 lots: 3 traded (no fill), then 2.5 more (0.5 of our 1 lot), then the rest."""
+    trades = [(1.5, 1000, 3.0, -1), (2.5, 1000, 2.5, -1), (3.5, 1000, 4.0, -1)]
+    env, params = one_day_env(flat_day(6, trades=trades), maker_fee=0.0)
+    keep = book.DO_NOTHING
+    out = run_actions(env, params, [action_for(1, 15), keep, keep])
+    assert [float(o[3]["bid_fill"]) for o in out] == pytest.approx([0.0, 0.5, 0.5])
+    assert float(out[0][0].bid.queue) == pytest.approx(2.0)
+    assert float(out[2][0].inventory) == pytest.approx(1.0)
+
+
+def test_cancellations_ahead_shrink_the_queue_and_trade_through_fills_all():
+    day = flat_day(6, trades=[(2.5, 1000, 1.0, -1)])
+    day.bid_sizes[1:, 0] = 1.0  # the level shrinks from 5 to 1 lot after the first step: we move up
+    env, params = one_day_env(day, maker_fee=0.0)
+    out = run_actions(env, params, [action_for(1, 15), book.DO_NOTHING])
+    assert float(out[0][0].bid.queue) == pytest.approx(1.0)
+    assert float(out[1][3]["bid_fill"]) == 0.0  # exactly the queue ahead traded
+    through = flat_day(6, trades=[(1.5, 999, 0.1, -1)])
+    env, params = one_day_env(through, maker_fee=0.0)
+    assert float(run_actions(env, params, [action_for(1, 15)])[0][3]["bid_fill"]) == 1.0
+
+
+def test_requoting_the_same_price_keeps_the_queue_position():
+    env, params = one_day_env(flat_day(6, trades=[(1.5, 1000, 3.0, -1)]))
+    out = run_actions(env, params, [action_for(1, 15), action_for(1, 5)])
+    assert float(out[1][0].bid.queue) == pytest.approx(2.0)  # not back to 5
+    out = run_actions(env, params, [action_for(1, 15), action_for(5, 5)])
+    assert float(out[1][0].bid.queue) == pytest.approx(5.0) and int(out[1][0].bid.price) == 996
+
+
+def test_flatten_closes_at_market_with_taker_fee_and_day_end_flattens():
+    trades = [(1.5, 1000, 6.0, -1)]  # fills our bid (1 lot behind 5)
+    env, params = one_day_env(flat_day(5, trades=trades), maker_fee=0.0, taker_fee=0.001)
+    out = run_actions(env, params, [action_for(1, 15), book.FLATTEN])
+    state = out[1][0]
+    assert float(state.inventory) == 0.0
+    assert float(state.fees) == pytest.approx(0.001 * 1000)  # sold 1 lot at the best bid, 1000 ticks
+    assert float(state.realized) == pytest.approx(0.0)  # bought at 1000, sold at 1000
+    assert int(params.num_steps[0]) == 4  # decisions at 1, 2, 3, 4 s: three steps
+    out = run_actions(env, params, [action_for(1, 15), book.DO_NOTHING, book.DO_NOTHING])
+    assert float(out[1][0].inventory) == 1.0 and not out[1][2]
+    assert out[2][2] and float(out[2][3]["inventory"]) == 0.0  # flattened at the day's end
+
+
+def test_random_play_conserves_wealth_and_respects_the_inventory_limit():
+    days = synthetic.generate_days(2, seed=1, market=synthetic.SyntheticMarket(levels=16, seconds=900))
+    params = book.build_params(days, "time", 5.0, 1.0, LEVELS, max_inventory=3.0, reward="positional_fills")
+    env = book.BookEnv(params, window=3)
+
+    steps = int(params.num_steps[0]) - 1
+
+    def episode(key):
+        _, state = env.reset(key, params.replace(day=0))
+
+        def step(state, k):
+            a = jax.random.randint(k, (), 0, book.NUM_ACTIONS)
+            _, state, r, term, info = env.step_env(k, state, a, params.replace(day=0))
+            return state, (r, term, info["inventory"], info["wealth"])
+
+        return jax.lax.scan(step, state, jax.random.split(key, steps))
+
+    state, (r, term, inventory, wealth) = jax.jit(jax.vmap(episode))(jax.random.split(jax.random.PRNGKey(0), 8))
+    assert bool(term[:, -1].all()) and not bool(term[:, :-1].any())
+    assert float(jnp.abs(inventory).max()) <= 3.0
+    np.testing.assert_allclose(inventory[:, -1], 0.0)
+    np.testing.assert_allclose(r.sum(1), wealth[:, -1], rtol=1e-3, atol=0.5)
+    np.testing.assert_allclose(wealth[:, -1], state.realized - state.fees, rtol=1e-4, atol=1e-2)
+
+
+def test_event_stepping_changes_the_number_of_decisions_and_vmaps_over_days():
+    days = synthetic.generate_days(2, seed=2, market=synthetic.SyntheticMarket(levels=16, seconds=900))
+    timed = book.build_params(days, "time", 10.0, 1.0, LEVELS)
+    evented = book.build_params(days, "event", 10.0, 3.0, LEVELS)
+    assert list(np.asarray(timed.num_steps)) == [90, 90]
+    assert not np.array_equal(np.asarray(evented.num_steps), [90, 90])
+    env = book.BookEnv(evented, window=4)
+    keys = jax.random.split(jax.random.PRNGKey(0), 16)
+    obs, states = jax.vmap(env.reset, in_axes=(0, None))(keys, evented)
+    assert obs.shape == (16, 4 * (6 * LEVELS + 4) + 4) and set(np.asarray(states.day)) == {0, 1}
+    obs, states, *_ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(keys, states, jnp.arange(16) % 17, evented)
+    assert np.isfinite(np.asarray(obs)).all()
+
+
+def test_bad_options_give_clear_errors():
+    with pytest.raises(ConfigError, match="unknown reward 'pnl'; valid: positional, positional_fills"):
+        registry.make("market_book", {"reward": "pnl", "num_days": 1})
+    day = flat_day(30)
+    with pytest.raises(ConfigError, match="levels: 10 < 15"):
+        book.build_params([day], levels=10)
+    with pytest.raises(ConfigError, match="beyond the book depth"):
+        book.build_params([day], levels=20)
+    with pytest.raises(ConfigError, match="interval"):
+        book.build_params([day], "time", interval=0.0)
