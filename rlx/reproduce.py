@@ -122,7 +122,8 @@ def render(name: str, experiment: Experiment, rows: dict[str, dict], command: st
 
 
 # Tables of another shape, each with its own driver module: name -> module with reproduce(out, quick, skip_training).
-CUSTOM = {"mapf_random": "rlx.envs.mapf.study", "mm_quoting": "rlx.envs.market.study"}
+CUSTOM = {"mapf_random": "rlx.envs.mapf.study", "mm_quoting": "rlx.envs.market.quoting_study",
+          "mm_event_vs_time": "rlx.envs.market.event_study"}
 
 
 def reproduce(name: str, seeds: int, quick: bool, skip_training: bool = False) -> Path:
@@ -163,6 +164,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip-training", action="store_true",
                         help="mapf_random, mm_quoting: evaluate the runs already in experiments/NAME/runs instead of training")
     args = parser.parse_args(argv)
+    from rlx.runner import compile_cache
+
+    compile_cache.set_xla_flags()  # studies that run JAX in this process need the same workaround as rlx.train
+    compile_cache.enable(compile_cache.default_cache_dir())
     try:
         reproduce(args.name, args.seeds, args.quick, args.skip_training)
     except UnknownNameError as error:

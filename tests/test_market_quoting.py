@@ -221,7 +221,7 @@ def test_unknown_action_kind_lists_the_valid_ones():
 
 
 def test_paired_ratio_of_proportional_paths_is_exact():
-    from rlx.envs.market.study import paired_ratio
+    from rlx.envs.market.quoting_study import paired_ratio
 
     optimum = np.random.default_rng(0).normal(60, 6, 1000)
     ratio, half_width = paired_ratio(0.9 * optimum, optimum)
@@ -233,7 +233,7 @@ def test_paired_ratio_of_proportional_paths_is_exact():
 @pytest.mark.slow
 def test_ppo_preset_reaches_95_percent_of_the_optimum(run_cli, tmp_path):
     """The experiments/mm_quoting claim on two seeds: PPO's greedy value >= 0.95 of Cartea-Jaimungal's, same paths."""
-    from rlx.envs.market.study import learned_policy, paired_ratio
+    from rlx.envs.market.quoting_study import learned_policy, paired_ratio
     from rlx.runner.components import load_trained
 
     done = run_cli("+exp=ppo_market_quoting", "logger=none", "run.num_seeds=2", timeout=600)

@@ -93,8 +93,8 @@ class BookParams(environment.EnvParams):
     day: int = -1  # -1: each episode draws a day uniformly; d >= 0: always day d
     order_size: float = 1.0
     max_inventory: float = 10.0
-    maker_fee: float = -0.00025  # share of notional (negative = rebate)
-    taker_fee: float = 0.00075
+    maker_fee: float = 0.0  # share of notional (negative = rebate)
+    taker_fee: float = 0.0005
     rewards: RewardSettings = RewardSettings()
     max_steps_in_episode: int = 1_000_000  # days end by termination
 
