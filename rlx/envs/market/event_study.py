@@ -14,6 +14,9 @@ deterministic given the actions), next to the baselines: do nothing; fixed quote
 fitted on the training days and gamma chosen on them, their depths mapped to the nearest level
 pair.
 
+Plots: cumulative PnL over the test days (``equity.png``) and the inventory path on the first test
+day (``inventory.png``) of the best configuration per agent and of the baselines.
+
 Metrics per test day: PnL (currency, one unit per order), mean absolute position (MAP), fills,
 market orders. Over the 30 days: mean daily PnL, Sharpe and Sortino of daily PnL, maximum
 drawdown of the cumulative PnL, PnL-to-MAP, fills per decision. Event versus time: per agent and
@@ -184,7 +187,7 @@ def reproduce(out: Path, quick: bool, skip_training: bool) -> Path:
     seeds = 2 if quick else SEEDS
     train_select, test_select = range(train_count), range(train_count, len(days))
     fit = calibrate(days[:train_count])
-    rows, per_day_rows, curves = {}, {}, {}
+    rows, per_day_rows, curves, paths = {}, {}, {}, {}
     for stepping, options in STEPPINGS.items():
         train_params = book.build_params(days, stepping, select=train_select, **options)
         test_params = book.build_params(days, stepping, select=test_select, **options)
@@ -193,9 +196,10 @@ def reproduce(out: Path, quick: bool, skip_training: bool) -> Path:
         horizons = jnp.asarray([days[d].timestamps[-1] - days[d].timestamps[0] for d in test_select])
         baselines = baseline_choosers(fit, train_params, test_params, env, days, train_select, horizons)
         for label, choose in baselines.items():
-            per_day = day_metrics(jax.jit(lambda p=test_params, c=choose: play_days(env, p, c))(), tick)
+            played = jax.jit(lambda p=test_params, c=choose: play_days(env, p, c))()
+            per_day = day_metrics(played, tick)
             key = (label, "—", stepping)
-            rows[key], per_day_rows[key] = summary(per_day), per_day["pnl"]
+            rows[key], per_day_rows[key], paths[key] = summary(per_day), per_day["pnl"], first_day_inventory(played)
         for agent_name in ("ppo", "a2c"):
             module, config = agent_setup(agent_name, quick)
             print(f"[mm_event_vs_time] training {agent_name}, {stepping}-based: 7 rewards x {seeds} seeds", flush=True)
@@ -205,18 +209,21 @@ def reproduce(out: Path, quick: bool, skip_training: bool) -> Path:
             def play(policy):
                 return play_days(env, test_params, lambda obs, state: agent.act(policy, obs, jax.random.PRNGKey(0), True))
 
-            per_day = day_metrics(jax.jit(jax.vmap(play))(policies), tick)  # [7 * seeds, days]
+            played = jax.jit(jax.vmap(play))(policies)
+            per_day = day_metrics(played, tick)  # [7 * seeds, days]
             for r, name in enumerate(rewards.REWARDS):
                 block = {k: v[r * seeds : (r + 1) * seeds] for k, v in per_day.items()}
                 key = (agent_name.upper(), name, stepping)
                 rows[key] = summary(block)  # per seed
                 per_day_rows[key] = block["pnl"].mean(0)
                 curves[key] = np.cumsum(block["pnl"].mean(0))
+                paths[key] = first_day_inventory(jax.tree.map(lambda x, i=r * seeds: x[i], played))
     results = out / ("results_quick.md" if quick else "results.md")
     results.write_text(render(rows, per_day_rows, fit, days, train_count, seeds, quick, time.time() - started))
     (out / ("results_quick.json" if quick else "results.json")).write_text(json.dumps(
         {" | ".join(k): {m: np.asarray(v).tolist() for m, v in row.items()} for k, row in rows.items()}, indent=1))
     plot_equity(out / ("equity_quick.png" if quick else "equity.png"), rows, curves, per_day_rows)
+    plot_inventory(out / ("inventory_quick.png" if quick else "inventory.png"), rows, paths)
     print(results.read_text())
     return results
 
@@ -296,7 +303,9 @@ def render(rows, per_day_rows, fit, days, train_count, seeds, quick, seconds) ->
               "|---|---|---|" + "---:|" * len(test_names)]
     for (agent, reward_name, stepping), pnl in per_day_rows.items():
         lines.append(f"| {agent} | {reward_name} | {stepping} | " + " | ".join(f"{v:.1f}" for v in np.ravel(pnl)) + " |")
-    lines += ["", "Test days: " + ", ".join(test_names), "", "![equity](equity" + ("_quick" if quick else "") + ".png)", ""]
+    suffix = "_quick" if quick else ""
+    lines += ["", "Test days: " + ", ".join(test_names), "", f"![equity](equity{suffix}.png)", "",
+              f"![inventory](inventory{suffix}.png)", ""]
     return "\n".join(lines)
 
 
@@ -304,6 +313,38 @@ def _t_half_width(values: np.ndarray) -> float:
     from scipy import stats
 
     return float(stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / np.sqrt(len(values)))
+
+
+def first_day_inventory(out) -> np.ndarray:
+    """Inventory after each decision of the first test day (NaN after the day ends)."""
+    return np.where(np.asarray(out["active"])[0], np.asarray(out["inventory"])[0], np.nan)
+
+
+def plot_inventory(path: Path, rows, paths) -> None:
+    """Inventory on the first test day: the best PPO and A2C configuration (seed 0) and the baselines that quote."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for axis, stepping in zip(axes, STEPPINGS):
+        for agent in ("PPO", "A2C"):
+            learned = [k for k in paths if k[0] == agent and k[2] == stepping]
+            if learned:
+                best = max(learned, key=lambda k: np.mean(rows[k]["daily_pnl"]))
+                axis.plot(paths[best], lw=1.5, label=f"{agent}, {best[1]} (seed 0)")
+        for key, inventory in paths.items():
+            if key[1] == "—" and key[2] == stepping and not key[0].startswith("do nothing"):
+                axis.plot(inventory, lw=0.8, alpha=0.7, label=key[0])
+        axis.set_title(f"{stepping}-based: inventory on the first test day")
+        axis.set_xlabel("decision")
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=6)
+    axes[0].set_ylabel("inventory (units)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
 
 
 def plot_equity(path: Path, rows, curves, per_day_rows) -> None:

@@ -55,8 +55,48 @@ class RewardSettings:
     inventory_penalty: float = 0.01
 
 
-def positional(ledger: Ledger) -> jax.Array:
+def positional(ledger: Ledger, settings: RewardSettings, sharpe, taker_fee) -> jax.Array:
+    """``q0 * (m1 - m0)``: the mark-to-market change of the inventory held into the step."""
     return ledger.inventory_before * (ledger.mid_after - ledger.mid_before)
+
+
+def positional_fills(ledger: Ledger, settings: RewardSettings, sharpe, taker_fee) -> jax.Array:
+    """``dW``: positional PnL plus the fills' edge over the mid, minus fees (the change of marked-to-market wealth)."""
+    return ledger.wealth_change
+
+
+def realized(ledger: Ledger, settings: RewardSettings, sharpe, taker_fee) -> jax.Array:
+    """``realized``: PnL locked in by fills that reduced the position (against its average entry), net of fees."""
+    return ledger.realized
+
+
+def differential_sharpe_reward(ledger: Ledger, settings: RewardSettings, sharpe, taker_fee) -> jax.Array:
+    """``D = (B dA - A dB / 2) / (B - A^2)^(3/2)`` of ``R = dW`` (computed by ``differential_sharpe``)."""
+    return sharpe
+
+
+def asymmetrical(ledger: Ledger, settings: RewardSettings, sharpe, taker_fee) -> jax.Array:
+    """``spread - fees + min(p, 0) + (1 - dampening) * max(p, 0)``, ``p`` the positional PnL."""
+    p = positional(ledger, settings, sharpe, taker_fee)
+    return ledger.spread - ledger.fees + jnp.minimum(p, 0.0) + (1 - settings.dampening) * jnp.maximum(p, 0.0)
+
+
+def trade_completion(ledger: Ledger, settings: RewardSettings, sharpe, taker_fee) -> jax.Array:
+    """+1 if ``realized >= c * taker_fee * closed notional``, -1 if ``<= -`` that, else 0 (0 when nothing closed)."""
+    threshold = settings.completion_multiple * taker_fee * ledger.closed_notional
+    verdict = jnp.where(ledger.realized >= threshold, 1.0, jnp.where(ledger.realized <= -threshold, -1.0, 0.0))
+    return jnp.where(ledger.closed_notional > 0, verdict, 0.0)
+
+
+def inventory_penalty(ledger: Ledger, settings: RewardSettings, sharpe, taker_fee) -> jax.Array:
+    """``dW - inventory_penalty * q1^2``."""
+    return ledger.wealth_change - settings.inventory_penalty * ledger.inventory_after**2
+
+
+# In REWARDS order.
+REWARD_FUNCTIONS = (positional, positional_fills, realized, differential_sharpe_reward, asymmetrical, trade_completion,
+                    inventory_penalty)
+UNSCALED = (REWARDS.index("differential_sharpe"), REWARDS.index("trade_completion"))  # already dimensionless
 
 
 def differential_sharpe(ret, moments):
@@ -71,21 +111,8 @@ def differential_sharpe(ret, moments):
 def reward(ledger: Ledger, moments: jax.Array, settings: RewardSettings, taker_fee) -> tuple[jax.Array, jax.Array]:
     """``(reward, new_moments)``; ``moments`` = ``[A, B]`` of the differential Sharpe ratio (carried in the state);
     ``taker_fee`` (share of notional) sets the trade-completion threshold."""
-    position = positional(ledger)
     sharpe, (mean, second) = differential_sharpe(ledger.wealth_change, (moments[0], moments[1], settings.sharpe_eta))
-    threshold = settings.completion_multiple * taker_fee * ledger.closed_notional
-    completed = jnp.where(ledger.closed_notional > 0,
-                          jnp.where(ledger.realized >= threshold, 1.0, jnp.where(ledger.realized <= -threshold, -1.0, 0.0)),
-                          0.0)
-    candidates = jnp.stack([
-        position,
-        ledger.wealth_change,
-        ledger.realized,
-        sharpe,
-        ledger.spread - ledger.fees + jnp.minimum(position, 0.0) + (1 - settings.dampening) * jnp.maximum(position, 0.0),
-        completed,
-        ledger.wealth_change - settings.inventory_penalty * ledger.inventory_after**2,
-    ])
-    scale = jnp.where(settings.reward == REWARDS.index("trade_completion"), 1.0, 1.0 / settings.reward_scale)
-    scale = jnp.where(settings.reward == REWARDS.index("differential_sharpe"), 1.0, scale)
-    return candidates[settings.reward] * scale, jnp.stack([mean, second])
+    branches = [lambda f=f: f(ledger, settings, sharpe, taker_fee) for f in REWARD_FUNCTIONS]
+    value = jax.lax.switch(jnp.clip(settings.reward, 0, len(REWARDS) - 1), branches)
+    scale = jnp.where(jnp.isin(settings.reward, jnp.asarray(UNSCALED)), 1.0, 1.0 / settings.reward_scale)
+    return value * scale, jnp.stack([mean, second])
