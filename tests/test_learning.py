@@ -27,11 +27,11 @@ def test_registry_lists_valid_names_for_unknown_env():
 
 def test_every_registered_single_agent_gymnax_environment_steps():
     """Brax and the multi-agent environments have their own tests (test_envs_suites, test_jaxmarl,
-    test_multi_agent_env, test_mapf_env)."""
+    test_multi_agent_env, test_mapf_env, test_market_book)."""
     import jax
 
     for name in registry.names():
-        if registry.ENVIRONMENTS[name][0] in (*registry.OPTIONAL_PACKAGES, "rlx.envs.mapf"):
+        if registry.ENVIRONMENTS[name][0] in (*registry.OPTIONAL_PACKAGES, "rlx.envs.mapf", "rlx.envs.market.book"):
             continue
         env, params = registry.make(name)
         if hasattr(env, "num_agents"):  # multi-agent: tests/test_multi_agent_env.py

@@ -230,3 +230,14 @@ def test_bad_options_give_clear_errors():
         book.build_params([day], levels=20)
     with pytest.raises(ConfigError, match="interval"):
         book.build_params([day], "time", interval=0.0)
+
+
+def test_book_preset_trains_through_the_cli(run_cli, tmp_path):
+    import json
+
+    done = run_cli("+exp=ppo_market_book", "logger=none", "algo.total_timesteps=4096", "run.num_seeds=1",
+                   "env.options.num_days=2", "env.options.stepping=event", "env.options.threshold_bps=3",
+                   "env.options.reward=differential_sharpe", "run.eval_episodes=2")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert np.isfinite(summary["final_eval"]["return_mean"])

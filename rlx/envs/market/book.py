@@ -96,7 +96,7 @@ class BookParams(environment.EnvParams):
     maker_fee: float = 0.0  # share of notional (negative = rebate)
     taker_fee: float = 0.0005
     rewards: RewardSettings = RewardSettings()
-    max_steps_in_episode: int = 1_000_000  # days end by termination
+    max_steps_in_episode: int = 1_000_000  # build_params sets the step capacity: days end by termination first
 
 
 def build_params(days: list[BookDay], stepping: str = "time", interval: float = 10.0, threshold_bps: float = 2.0,
@@ -143,7 +143,7 @@ def build_params(days: list[BookDay], stepping: str = "time", interval: float = 
         num_steps=jnp.asarray([len(p[1]) for p in prepared], jnp.int32),
         tick_size=float(prepared[0][0].tick_size),
         rewards=RewardSettings(**rewards),
-        **settings,
+        **{"max_steps_in_episode": capacity, **settings},
     )
 
 
