@@ -249,7 +249,7 @@ def baseline_choosers(fit, train_params, test_params, env, days, train_select, h
 
 
 def welch(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
-    """Difference of means ``a - b`` and its 95% half-width (Welch, normal quantile for simplicity with t at 5 seeds)."""
+    """Difference of means ``a - b`` and the half-width of its 95% Welch t-interval."""
     from scipy import stats
 
     va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
