@@ -17,8 +17,8 @@ pair.
 Plots: cumulative PnL over the test days (``equity.png``) and the inventory path on the first test
 day (``inventory.png``) of the best configuration per agent and of the baselines.
 
-Metrics per test day: PnL (currency, one unit per order), mean absolute position (MAP), fills,
-market orders. Over the 30 days: mean daily PnL, Sharpe and Sortino of daily PnL, maximum
+Metrics per test day (``results.json``, ``per_test_day``: per seed for learned rows): PnL (currency,
+one unit per order), mean absolute position (MAP), fills, market orders, decisions. Over the 30 days: mean daily PnL, Sharpe and Sortino of daily PnL, maximum
 drawdown of the cumulative PnL, PnL-to-MAP, fills per decision. Event versus time: per agent and
 reward, the difference of mean daily PnL with a 95% Welch interval over seeds.
 """
@@ -187,7 +187,7 @@ def reproduce(out: Path, quick: bool, skip_training: bool) -> Path:
     seeds = 2 if quick else SEEDS
     train_select, test_select = range(train_count), range(train_count, len(days))
     fit = calibrate(days[:train_count])
-    rows, per_day_rows, curves, paths = {}, {}, {}, {}
+    rows, per_day_rows, curves, paths, daily = {}, {}, {}, {}, {}
     for stepping, options in STEPPINGS.items():
         train_params = book.build_params(days, stepping, select=train_select, **options)
         test_params = book.build_params(days, stepping, select=test_select, **options)
@@ -200,6 +200,7 @@ def reproduce(out: Path, quick: bool, skip_training: bool) -> Path:
             per_day = day_metrics(played, tick)
             key = (label, "—", stepping)
             rows[key], per_day_rows[key], paths[key] = summary(per_day), per_day["pnl"], first_day_inventory(played)
+            daily[key] = per_day
         for agent_name in ("ppo", "a2c"):
             module, config = agent_setup(agent_name, quick)
             print(f"[mm_event_vs_time] training {agent_name}, {stepping}-based: 7 rewards x {seeds} seeds", flush=True)
@@ -216,12 +217,16 @@ def reproduce(out: Path, quick: bool, skip_training: bool) -> Path:
                 key = (agent_name.upper(), name, stepping)
                 rows[key] = summary(block)  # per seed
                 per_day_rows[key] = block["pnl"].mean(0)
+                daily[key] = block
                 curves[key] = np.cumsum(block["pnl"].mean(0))
                 paths[key] = first_day_inventory(jax.tree.map(lambda x, i=r * seeds: x[i], played))
     results = out / ("results_quick.md" if quick else "results.md")
     results.write_text(render(rows, per_day_rows, fit, days, train_count, seeds, quick, time.time() - started))
+    as_lists = lambda table: {m: np.asarray(v).tolist() for m, v in table.items()}  # noqa: E731
     (out / ("results_quick.json" if quick else "results.json")).write_text(json.dumps(
-        {" | ".join(k): {m: np.asarray(v).tolist() for m, v in row.items()} for k, row in rows.items()}, indent=1))
+        {"test_days": [d.name for d in days[train_count:]],
+         "summary": {" | ".join(k): as_lists(row) for k, row in rows.items()},
+         "per_test_day": {" | ".join(k): as_lists(table) for k, table in daily.items()}}, indent=1))
     plot_equity(out / ("equity_quick.png" if quick else "equity.png"), rows, curves, per_day_rows)
     plot_inventory(out / ("inventory_quick.png" if quick else "inventory.png"), rows, paths)
     print(results.read_text())
@@ -304,7 +309,8 @@ def render(rows, per_day_rows, fit, days, train_count, seeds, quick, seconds) ->
     for (agent, reward_name, stepping), pnl in per_day_rows.items():
         lines.append(f"| {agent} | {reward_name} | {stepping} | " + " | ".join(f"{v:.1f}" for v in np.ravel(pnl)) + " |")
     suffix = "_quick" if quick else ""
-    lines += ["", "Test days: " + ", ".join(test_names), "", f"![equity](equity{suffix}.png)", "",
+    lines += ["", "Test days: " + ", ".join(test_names) + f". Per test day and seed, PnL, MAP, fills, market orders and "
+              f"decisions are in `results{suffix}.json` (`per_test_day`).", "", f"![equity](equity{suffix}.png)", "",
               f"![inventory](inventory{suffix}.png)", ""]
     return "\n".join(lines)
 
