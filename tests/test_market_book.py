@@ -241,3 +241,34 @@ def test_book_preset_trains_through_the_cli(run_cli, tmp_path):
     assert done.returncode == 0, done.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert np.isfinite(summary["final_eval"]["return_mean"])
+
+
+def test_study_summary_figures_by_hand():
+    from rlx.envs.market import event_study
+
+    per_day = {"pnl": np.array([2.0, -1.0, 3.0, -2.0]), "map": np.array([1.0, 1.0, 2.0, 0.0]),
+               "fills": np.array([4, 2, 3, 1]), "decisions": np.array([10, 10, 10, 10])}
+    out = event_study.summary(per_day)
+    assert out["daily_pnl"] == pytest.approx(0.5)
+    assert out["sharpe"] == pytest.approx(0.5 / np.std([2.0, -1.0, 3.0, -2.0]))
+    assert out["sortino"] == pytest.approx(0.5 / np.sqrt((1 + 4) / 4))
+    assert out["max_drawdown"] == pytest.approx(4.0 - 2.0)  # equity 2, 1, 4, 2
+    assert out["pnl_to_map"] == pytest.approx(2.0 / 1.0) and out["fill_rate"] == pytest.approx(0.25)
+
+
+def test_study_welch_interval_matches_scipy():
+    from scipy import stats
+
+    from rlx.envs.market import event_study
+
+    a, b = np.array([3.0, 4.0, 5.5, 4.2, 3.9]), np.array([1.0, 2.5, 0.5, 2.0, 1.1])
+    diff, half = event_study.welch(a, b)
+    interval = stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+    assert diff - half == pytest.approx(interval.low) and diff + half == pytest.approx(interval.high)
+
+
+def test_study_calibration_recovers_a_decaying_fill_intensity():
+    from rlx.envs.market import event_study
+
+    fit = event_study.calibrate(synthetic.generate_days(1, seed=3, market=synthetic.SyntheticMarket(levels=16, seconds=1800)))
+    assert fit["sigma"] > 0 and fit["A"] > 0 and fit["k"] > 0
