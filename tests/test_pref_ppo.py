@@ -1,0 +1,222 @@
+"""Preference-based PPO (rlx/agents/pref_ppo.py): teachers, Bradley-Terry loss, query selection,
+label budget, validation and a CartPole run from oracle preferences (the vendored demo: test_vendoring.py)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from gymnax.environments.classic_control.cartpole import CartPole
+
+from rlx.agents import pref_ppo as P
+
+KEY = jax.random.PRNGKey(0)
+
+
+def label_of(kind, r0, r1, key=KEY, **settings):
+    label, skipped = P.teacher(P.Config(teacher=kind, **settings), np.asarray(r0, np.float32),
+                               np.asarray(r1, np.float32), key)
+    return float(label), bool(skipped)
+
+
+# --------------------------------------------------------------------------- teachers
+
+PAIRS = [([1, 1, 0, 0], [1, 1, 1, 0], 1.0), ([1, 1, 1, 1], [0, 1, 0, 0], 0.0), ([0, 1, 0, 1], [1, 0, 1, 0], 0.5)]
+
+
+@pytest.mark.parametrize("r0,r1,expected", PAIRS)
+def test_oracle_prefers_larger_return_and_ties_give_half(r0, r1, expected):
+    assert label_of("oracle", r0, r1) == (expected, False)
+
+
+def test_mistake_teacher_with_epsilon_one_flips_every_label_and_zero_flips_none():
+    for r0, r1, expected in PAIRS:
+        for key in jax.random.split(KEY, 5):
+            assert label_of("mistake", r0, r1, key, teacher_epsilon=1.0)[0] == 1.0 - expected  # a tie stays 0.5
+            assert label_of("mistake", r0, r1, key, teacher_epsilon=0.0)[0] == expected
+
+
+def test_stochastic_teacher_huge_beta_is_oracle_and_zero_beta_is_a_coin():
+    keys = jax.random.split(KEY, 2000)
+    r0, r1 = jnp.asarray([1.0, 0.0, 0.0]), jnp.asarray([1.0, 0.5, 0.0])  # sum difference 0.5
+    config = P.Config(teacher="stochastic", teacher_beta=1e4)
+    sure = jax.vmap(lambda k: P.teacher(config, r0, r1, k)[0])(keys[:200])
+    assert np.all(np.asarray(sure) == 1.0)
+    sure = jax.vmap(lambda k: P.teacher(config, r1, r0, k)[0])(keys[:200])
+    assert np.all(np.asarray(sure) == 0.0)
+    coin = jax.vmap(lambda k: P.teacher(config.replace(teacher_beta=0.0), r0, r1, k)[0])(keys)
+    coin = np.asarray(coin)
+    assert set(np.unique(coin)) == {0.0, 1.0}
+    assert abs(coin.mean() - 0.5) < 0.05  # 2000 fair coins: std 0.011
+
+
+def test_skip_teacher_skips_only_when_both_returns_are_below_threshold():
+    assert label_of("skip", [1, 0], [0.5, 1], teacher_skip_threshold=2.0) == (1.0, True)
+    assert label_of("skip", [1, 0], [2, 1], teacher_skip_threshold=2.0) == (1.0, False)
+    assert label_of("skip", [3, 0], [0.5, 1], teacher_skip_threshold=2.0) == (0.0, False)
+
+
+def test_equal_teacher_calls_close_returns_a_tie():
+    assert label_of("equal", [1, 0], [1, 0.5], teacher_equal_threshold=0.6) == (0.5, False)
+    assert label_of("equal", [1, 0], [1, 0.5], teacher_equal_threshold=0.4) == (1.0, False)
+    assert label_of("equal", [1, 0.5], [1, 0], teacher_equal_threshold=0.4) == (0.0, False)
+
+
+def test_myopic_teacher_weights_later_steps_more():
+    r0, r1 = [1.0, 0, 0, 0], [0, 0, 0, 0.8]  # plain sums 1.0 > 0.8: the oracle prefers segment 0
+    assert label_of("oracle", r0, r1)[0] == 0.0
+    # weights 0.5**(3 - t) = [0.125, 0.25, 0.5, 1]: 0.125 < 0.8, so the myopic teacher prefers segment 1
+    assert label_of("myopic", r0, r1, teacher_gamma=0.5)[0] == 1.0
+    assert label_of("myopic", r0, r1, teacher_gamma=1.0)[0] == 0.0  # gamma 1 is the oracle
+
+
+# --------------------------------------------------------------------------- Bradley-Terry loss
+
+
+def test_bradley_terry_loss_matches_numpy_with_tie_and_masked_pair():
+    returns0 = np.array([[0.3, 1.0, -0.5, 2.0], [0.1, -1.0, 0.4, 0.0]], np.float32)  # [ensemble, pairs]
+    returns1 = np.array([[1.2, 0.5, -0.5, -3.0], [0.0, 2.0, 0.9, 1.0]], np.float32)
+    labels = np.array([1.0, 0.0, 0.5, 1.0], np.float32)
+    mask = np.array([1.0, 1.0, 1.0, 0.0], np.float32)  # the last query was skipped
+
+    def reference(r0, r1):
+        p = 1 / (1 + np.exp(-(r1 - r0)))
+        nll = -(labels * np.log(p) + (1 - labels) * np.log(1 - p))
+        return (nll * mask).sum() / mask.sum()
+
+    expected = np.mean([reference(returns0[e], returns1[e]) for e in range(2)])
+    got = P.bradley_terry_loss(returns0, returns1, labels, mask)
+    assert float(got) == pytest.approx(expected, rel=1e-5)
+    # the masked pair's (huge) loss really is left out, and a single member works too
+    assert float(P.bradley_terry_loss(returns0[0], returns1[0], labels, mask)) == pytest.approx(
+        reference(returns0[0], returns1[0]), rel=1e-5)
+    masked0 = float(P.bradley_terry_loss(returns0[0], returns1[0], labels, mask))
+    assert float(P.bradley_terry_loss(returns0[0], returns1[0], labels, np.ones(4))) > masked0 + 1.0
+    # a tie's loss is smallest at equal returns: log 2
+    assert float(P.bradley_terry_loss(np.zeros(1), np.zeros(1), np.array([0.5]), np.ones(1))) == pytest.approx(np.log(2))
+
+
+# --------------------------------------------------------------------------- query selection
+
+# [ensemble=3, candidates=4]: pair 0 agreed on 0.5, pair 1 agreed and sure, pair 2 split, pair 3 mildly split
+PROBS = np.array([[0.5, 0.95, 0.05, 0.60], [0.5, 0.95, 0.95, 0.70], [0.5, 0.95, 0.80, 0.65]], np.float32)
+
+
+def test_disagreement_picks_pairs_the_ensemble_splits_on():
+    chosen = np.asarray(P.select_queries("disagreement", PROBS, KEY, 2))
+    expected = np.argsort(-PROBS.std(0))[:2]
+    assert list(chosen) == list(expected) == [2, 3]
+
+
+def test_entropy_picks_pairs_with_mean_probability_nearest_half():
+    chosen = np.asarray(P.select_queries("entropy", PROBS, KEY, 2))
+    mean = PROBS.mean(0)
+    entropy = -(mean * np.log(mean) + (1 - mean) * np.log(1 - mean))
+    assert list(chosen) == list(np.argsort(-entropy)[:2]) == [0, 2]
+
+
+def test_uniform_selection_depends_on_the_key_only():
+    picks = {tuple(np.asarray(P.select_queries("uniform", PROBS, k, 2))) for k in jax.random.split(KEY, 20)}
+    assert len(picks) > 3
+
+
+# --------------------------------------------------------------------------- budget, pool, validation
+
+
+def tiny_config(**overrides):
+    settings = dict(total_timesteps=64 * 6, num_envs=2, num_steps=32, num_minibatches=2, num_epochs=1,
+                    hidden_sizes=(16,), reward_hidden_sizes=(16,), ensemble_size=2, reward_epochs=2,
+                    reward_batch_size=8, segment_length=8, pool_segments=12, num_candidates=16,
+                    queries_per_feedback=10, budget=25, feedback_every=1, eval_pairs=8, entropy_k=3,
+                    teacher_terminal_penalty=1.0)
+    settings.update(overrides)
+    config = P.Config(**settings)
+    P.validate(config)
+    return config
+
+
+def test_label_buffer_never_exceeds_budget_and_pool_is_a_ring():
+    config = tiny_config()
+    env = CartPole()
+    state, metrics = P.train(config, env, env.default_params, KEY)
+    assert list(np.asarray(metrics["labels_used"])) == [10, 20, 25, 25, 25, 25]
+    assert list(np.asarray(metrics["asked_feedback"])) == [1, 1, 1, 0, 0, 0]
+    assert state.labels.label.shape == (25,) and int(state.labels.count) == 25
+    assert set(np.unique(np.asarray(state.labels.label))) <= {0.0, 0.5, 1.0}
+    # 8 segments per update into a pool of 12: full after 2 updates, write position wraps
+    assert int(state.pool_count) == 12 and int(state.pool_pos) == (6 * 8) % 12
+    assert np.isfinite(np.asarray(metrics["train_return"])).all()
+
+
+def test_feedback_schedule_waits_for_pretraining_and_keeps_skipped_labels_masked():
+    config = tiny_config(pretrain_updates=2, feedback_every=2, budget=40, teacher="skip",
+                         teacher_skip_threshold=100.0)  # every segment's return is below 100: all skipped
+    env = CartPole()
+    state, metrics = P.train(config, env, env.default_params, KEY)
+    assert list(np.asarray(metrics["asked_feedback"])) == [0, 0, 1, 0, 1, 0]
+    assert list(np.asarray(metrics["labels_used"])) == [0, 0, 10, 10, 20, 20]
+    assert int(state.labels.count) == 20 and float(np.asarray(state.labels.valid).sum()) == 0.0
+
+
+def test_validate_names_the_offending_field():
+    with pytest.raises(ValueError, match=r"^budget=5: budget smaller than one batch"):
+        P.validate(P.Config(budget=5, queries_per_feedback=10))
+    with pytest.raises(ValueError, match=r"^segment_length=12: must divide num_steps=128"):
+        P.validate(P.Config(segment_length=12, num_steps=128))
+    with pytest.raises(ValueError, match=r"^selection='best'"):
+        P.validate(P.Config(selection="best"))
+    with pytest.raises(ValueError, match=r"^teacher='human'"):
+        P.validate(P.Config(teacher="human"))
+    with pytest.raises(ValueError, match=r"^crop_min_length=20"):
+        P.validate(P.Config(crop_min_length=20, segment_length=16))
+    P.validate(P.Config())  # the defaults are valid
+
+
+def test_qpa_and_entropy_selection_run():
+    config = tiny_config(query_policy_aligned=True, crop_min_length=3, selection="entropy", teacher="myopic")
+    env = CartPole()
+    _, metrics = P.train(config, env, env.default_params, KEY)
+    assert list(np.asarray(metrics["labels_used"]))[-1] == 25
+    assert np.isfinite(np.asarray(metrics["loss"])).all()
+
+
+# --------------------------------------------------------------------------- learning
+
+
+def random_policy_segments(agent_reward, reward_params, length=16):
+    """True (teacher) and learned returns of segments from a random CartPole policy."""
+    env = CartPole()
+    params = env.default_params
+    obs, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(KEY, 8), params)
+
+    def step(carry, key):
+        obs, state = carry
+        action_key, step_key = jax.random.split(key)
+        action = jax.random.randint(action_key, (8,), 0, 2)
+        next_obs, state, reward, terminated, _, _ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
+            jax.random.split(step_key, 8), state, action, params)
+        return (next_obs, state), (agent_reward(reward_params, obs, action), reward - terminated)
+
+    _, (learned, true) = jax.lax.scan(step, (obs, state), jax.random.split(KEY, 256))
+    return true.T.reshape(-1, length).sum(-1), learned.T.reshape(-1, length).sum(-1)
+
+
+def test_cartpole_from_oracle_preferences():
+    env = CartPole()
+    config = P.cartpole_config()  # 61440 env steps, at most 200 labels
+    P.validate(config)
+    state, metrics = P.train(config, env, env.default_params, KEY)
+    returns = np.asarray(metrics["train_return"])
+    assert int(np.asarray(metrics["labels_used"])[-1]) <= 200
+    assert returns[-10:].mean() > 150.0, returns  # a random policy averages about 22
+    true, learned = random_policy_segments(P.make(config, env, env.default_params).reward, state.reward_params)
+    assert np.unique(np.asarray(true)).size > 1
+    assert float(P.spearman(learned, true)) > 0.2
+    assert np.nanmean(np.asarray(metrics["rank_correlation"])[-10:]) > 0.0
+
+
+def test_spearman_matches_hand_ranks():
+    x = jnp.asarray([1.0, 2.0, 2.0, 5.0])
+    assert float(P.spearman(x, x**3)) == pytest.approx(1.0)
+    assert float(P.spearman(x, -x)) == pytest.approx(-1.0)
+    assert float(P.spearman(x, jnp.ones(4))) == 0.0
+    np.testing.assert_allclose(P.average_ranks(x), [0.0, 1.5, 1.5, 3.0])
