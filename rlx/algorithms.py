@@ -16,6 +16,7 @@ AGENTS = {
     "mappo": "rlx.agents.mappo",
     "ppo": "rlx.agents.ppo",
     "ppo_rnn": "rlx.agents.ppo_rnn",
+    "pref_ppo": "rlx.agents.pref_ppo",
 }
 
 

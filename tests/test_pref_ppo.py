@@ -220,3 +220,26 @@ def test_spearman_matches_hand_ranks():
     assert float(P.spearman(x, -x)) == pytest.approx(-1.0)
     assert float(P.spearman(x, jnp.ones(4))) == 0.0
     np.testing.assert_allclose(P.average_ranks(x), [0.0, 1.5, 1.5, 3.0])
+
+
+def test_preset_trains_through_the_cli_with_undefined_metrics_allowed(run_cli, tmp_path):
+    """The first updates have no reward-model loss yet (NaN = undefined): the run must not stop as diverged."""
+    import json
+
+    done = run_cli("+exp=pref_ppo_cartpole", "logger=none", "algo.total_timesteps=2048", "run.num_seeds=1",
+                   "run.eval_episodes=2", "algo.feedback_every=3")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["labels_used"][0] > 0
+
+
+def test_runner_nan_check_skips_only_declared_metrics():
+    from rlx.runner.loop import first_non_finite
+
+    metrics = {"loss": np.zeros((3, 1, 1)), "reward_loss": np.array([np.nan, 1.0, 1.0]).reshape(3, 1, 1)}
+    assert first_non_finite(metrics) == (0, "reward_loss")
+    assert first_non_finite(metrics, P.METRICS_MAY_BE_NAN) is None
+    metrics["loss"][2] = np.nan
+    assert first_non_finite(metrics, P.METRICS_MAY_BE_NAN) == (2, "loss")

@@ -68,6 +68,9 @@ from flax import struct
 from jax.flatten_util import ravel_pytree
 
 ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu, "elu": nn.elu, "gelu": nn.gelu, "swish": nn.swish}
+# Metrics that are NaN when undefined for an update (no feedback round yet; every held-out pair ties);
+# a training loop should not treat them as divergence.
+METRICS_MAY_BE_NAN = ("reward_loss", "reward_model_accuracy")
 SELECTIONS = ("uniform", "disagreement", "entropy")
 TEACHERS = ("oracle", "stochastic", "mistake", "skip", "equal", "myopic")
 

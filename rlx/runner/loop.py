@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+import warnings
 from functools import partial
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -300,10 +301,16 @@ def default_chunk_updates(num_updates: int, target_chunks: int = 20) -> int:
     return target
 
 
-def first_non_finite(metrics: dict) -> tuple[int, str] | None:
-    """(index along the update axis, metric name) of the first NaN/inf, or None."""
+def first_non_finite(metrics: dict, undefined_allowed=()) -> tuple[int, str] | None:
+    """(index along the update axis, metric name) of the first NaN/inf, or None.
+
+    ``undefined_allowed``: metrics an agent reports as NaN when they are undefined for an
+    update (its module's ``METRICS_MAY_BE_NAN``, e.g. a reward-model loss before any label).
+    """
     first = None
     for name, values in metrics.items():
+        if name in undefined_allowed:
+            continue
         bad = ~np.isfinite(values.reshape(values.shape[0], -1)).all(axis=1)
         if bad.any():
             index = int(np.argmax(bad))
@@ -324,7 +331,9 @@ def chunk_record(chunk, update, env_steps, metrics, start_time, swept: bool) -> 
     record = {"chunk": chunk, "update": update, "env_steps": env_steps, "time": now,
               "elapsed_seconds": now - start_time}
     for name, values in metrics.items():
-        per_seed = values.mean(axis=0) if name != "train_return" else values[-1]
+        with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN (undefined) metric stays NaN
+            per_seed = np.nanmean(values, axis=0) if name != "train_return" else values[-1]
         record[name] = nested(per_seed.reshape(per_seed.shape[:2]), swept)
     return record
 
@@ -406,7 +415,7 @@ def run_training(agent_module, grid, env, env_params, settings: RunSettings, run
             tick = time.perf_counter()
             new_state, metrics = programs.chunk(state, n)
             run_seconds += time.perf_counter() - tick
-            bad = first_non_finite(metrics)
+            bad = first_non_finite(metrics, getattr(agent_module, "METRICS_MAY_BE_NAN", ()))
             if bad is not None:
                 status = "diverged"
                 raise NonFiniteError(progress.updates_done + bad[0] + 1, bad[1], run_dir)
