@@ -1,0 +1,85 @@
+"""The preference label file: one JSON object per line, appended as answers arrive.
+
+Format (JSONL, UTF-8), one line per answered query::
+
+    {"query": 17, "left": "u3-e2-s4", "right": "u5-e0-s1", "answer": "right"}
+
+- ``query``: an integer, unique in the file (a later line with the same query is an error);
+- ``left`` / ``right``: the ids of the two segments shown (strings);
+- ``answer``: ``left`` (the left segment is better), ``right``, ``equal`` (a tie) or ``skip``
+  (cannot tell: kept, but masked out of the reward-model loss).
+
+``read_labels`` turns a file into arrays in the convention of ``rlx/agents/pref_ppo.py``: the
+label is the probability that the *second* (right) segment is preferred (left 0, right 1, equal
+0.5) and a mask is 0 for skipped queries. ``append_label`` writes one answer and flushes it to
+disk at once, so nothing answered is lost if the labelling page or server is closed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+ANSWERS = {"left": 0.0, "right": 1.0, "equal": 0.5, "skip": 0.5}
+FIELDS = ("query", "left", "right", "answer")
+
+
+class LabelError(ValueError):
+    """A malformed label file: the message names the file and the line."""
+
+
+def append_label(path, query: int, left: str, right: str, answer: str) -> None:
+    """Append one answer and make it durable (flush and fsync) before returning."""
+    if answer not in ANSWERS:
+        raise LabelError(f"answer {answer!r}: valid answers are {', '.join(ANSWERS)}")
+    record = json.dumps({"query": int(query), "left": str(left), "right": str(right), "answer": answer})
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(record + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def read_labels(path, known_segments=None) -> dict[str, np.ndarray]:
+    """``{"query", "left", "right", "label", "mask"}`` arrays from a label file; ``LabelError`` at the first bad line.
+
+    ``known_segments`` (a set of ids), when given, rejects answers about segments that do not exist.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise LabelError(f"{path}: no such label file")
+    queries, lefts, rights, labels, masks, seen = [], [], [], [], [], {}
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}, line {number}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise LabelError(f"{where}: not a JSON object ({error.msg})") from None
+            if not isinstance(record, dict):
+                raise LabelError(f"{where}: not a JSON object")
+            missing = [field for field in FIELDS if field not in record]
+            if missing:
+                raise LabelError(f"{where}: missing {', '.join(missing)} (a line needs {', '.join(FIELDS)})")
+            query, answer = record["query"], record["answer"]
+            if not isinstance(query, int) or isinstance(query, bool):
+                raise LabelError(f"{where}: query {query!r} is not an integer")
+            if query in seen:
+                raise LabelError(f"{where}: query {query} was already answered on line {seen[query]}")
+            if answer not in ANSWERS:
+                raise LabelError(f"{where}: unknown answer {answer!r}; valid: {', '.join(ANSWERS)}")
+            for side in ("left", "right"):
+                if known_segments is not None and record[side] not in known_segments:
+                    raise LabelError(f"{where}: unknown {side} segment id {record[side]!r}")
+            seen[query] = number
+            queries.append(query)
+            lefts.append(str(record["left"]))
+            rights.append(str(record["right"]))
+            labels.append(ANSWERS[answer])
+            masks.append(0.0 if answer == "skip" else 1.0)
+    return {"query": np.asarray(queries, np.int64), "left": np.asarray(lefts), "right": np.asarray(rights),
+            "label": np.asarray(labels, np.float32), "mask": np.asarray(masks, np.float32)}
