@@ -243,3 +243,17 @@ def test_runner_nan_check_skips_only_declared_metrics():
     assert first_non_finite(metrics, P.METRICS_MAY_BE_NAN) is None
     metrics["loss"][2] = np.nan
     assert first_non_finite(metrics, P.METRICS_MAY_BE_NAN) == (2, "loss")
+
+
+def test_continuous_actions_run_and_label():
+    """Pendulum (a Box action): the reward model sees raw actions; a short run asks for labels and stays finite."""
+    from gymnax.environments.classic_control.pendulum import Pendulum
+
+    env = Pendulum()
+    config = P.Config(total_timesteps=4 * 64 * 4, num_envs=4, num_steps=64, segment_length=16, pool_segments=64,
+                      num_candidates=32, queries_per_feedback=8, budget=16, feedback_every=1, reward_epochs=2,
+                      eval_pairs=16)
+    P.validate(config)
+    _, metrics = P.train(config, env, env.default_params, KEY)
+    assert int(np.asarray(metrics["labels_used"])[-1]) == 16
+    assert np.isfinite(np.asarray(metrics["loss"])).all() and np.isfinite(np.asarray(metrics["learned_reward_mean"])).all()
