@@ -1032,7 +1032,7 @@ def cartpole_config(**overrides) -> Config:
     settings = dict(
         total_timesteps=61440, num_envs=8, num_steps=64, lr=2.5e-3, ent_coef=0.0, gamma=0.98, gae_lambda=0.9,
         segment_length=16, pool_segments=256, num_candidates=64, queries_per_feedback=10, budget=200,
-        feedback_every=2, reward_epochs=20, reward_batch_size=64, teacher="oracle", teacher_terminal_penalty=1.0,
+        feedback_every=2, reward_epochs=5, reward_batch_size=64, teacher="oracle", teacher_terminal_penalty=1.0,
         eval_pairs=64, normalize_rewards=True,
     )
     settings.update(overrides)

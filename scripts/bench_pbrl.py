@@ -1,0 +1,86 @@
+"""Benchmark: wall time of preference-based PPO against plain PPO, same env steps and seeds, one run.
+
+Usage::
+
+    .venv/bin/python scripts/bench_pbrl.py [--seeds 4] [--repeats 3]
+
+Both train CartPole-v1 with the ``pref_ppo_cartpole`` preset's PPO settings (8 envs x 64 steps, 120
+updates, ``--seeds`` seeds vmapped in one program): plain PPO (``rlx/agents/ppo.py``) on the true
+reward, preference PPO (``rlx/agents/pref_ppo.py``) on a reward model learned from at most 200 oracle
+labels (3-member ensemble, 5 reward-model epochs per feedback round every 2 updates). Each is
+compiled first, then timed (median of ``--repeats``). Prints a markdown table with the ratio
+(target: preference PPO at most 1.5x plain PPO) and writes it to ``.bench/bench_pbrl.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from rlx.runner import compile_cache  # noqa: E402
+
+compile_cache.set_xla_flags()
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from gymnax.environments.classic_control.cartpole import CartPole  # noqa: E402
+
+from rlx.agents import ppo, pref_ppo  # noqa: E402
+
+SHARED = dict(total_timesteps=61440, num_envs=8, num_steps=64, lr=2.5e-3, ent_coef=0.0, gamma=0.98, gae_lambda=0.9,
+              normalize_rewards=True)
+
+
+def timed_training(module, config, seeds: int, repeats: int):
+    """(compile seconds, median run seconds, final true returns per seed)."""
+    env = CartPole()
+    keys = jax.random.split(jax.random.PRNGKey(0), seeds)
+    run = jax.jit(jax.vmap(lambda key: module.train(config, env, env.default_params, key)[1]["train_return"]))
+    started = time.perf_counter()
+    returns = jax.block_until_ready(run(keys))
+    first = time.perf_counter() - started
+    seconds = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        returns = jax.block_until_ready(run(keys))
+        seconds.append(time.perf_counter() - started)
+    median = statistics.median(seconds)
+    return first - median, median, np.asarray(returns)[:, -10:].mean(1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    rows = {
+        "plain PPO (true reward)": timed_training(ppo, ppo.Config(**SHARED), args.seeds, args.repeats),
+        "preference PPO (<= 200 oracle labels)": timed_training(
+            pref_ppo, pref_ppo.cartpole_config(**SHARED), args.seeds, args.repeats),
+    }
+    base = rows["plain PPO (true reward)"][1]
+    lines = [f"Measured {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC} on {os.cpu_count()} CPU "
+             f"cores, jax {jax.__version__}; CartPole-v1, {SHARED['total_timesteps']:,} env steps x {args.seeds} seeds "
+             f"in one program, median of {args.repeats}.", "",
+             "| agent | compile s | run s | / plain PPO | true return, last 10 updates (per seed) |",
+             "|---|---:|---:|---:|---|"]
+    for label, (compile_s, run_s, returns) in rows.items():
+        lines.append(f"| {label} | {compile_s:.1f} | {run_s:.2f} | {run_s / base:.2f}x | "
+                     f"{', '.join(f'{r:.0f}' for r in returns)} |")
+    table = "\n".join(lines)
+    print(table)
+    out = ROOT / ".bench" / "bench_pbrl.md"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(table + "\n")
+
+
+if __name__ == "__main__":
+    main()
