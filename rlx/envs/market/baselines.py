@@ -50,14 +50,27 @@ def fixed_spread(depth: float) -> Policy:
     return policy
 
 
+def avellaneda_stoikov_depths(gamma, sigma, k, tau, inventory):
+    """``(bid depth, ask depth)``: reservation-price skew ``q gamma sigma^2 tau`` around the AS half spread."""
+    inventory_risk = gamma * sigma**2 * tau
+    half_spread = 0.5 * inventory_risk + jnp.log1p(gamma / k) / gamma
+    skew = inventory * inventory_risk
+    return half_spread + skew, half_spread - skew
+
+
+def gueant_lehalle_tapia_depths(gamma, sigma, k, arrival_rate, inventory):
+    """``(bid depth, ask depth)`` of the GLFT asymptotic quotes (time-independent)."""
+    base = jnp.log1p(gamma / k) / gamma
+    slope = jnp.sqrt(sigma**2 * gamma / (2 * k * arrival_rate) * (1 + gamma / k) ** (1 + k / gamma))
+    return base + (2 * inventory + 1) / 2 * slope, base - (2 * inventory - 1) / 2 * slope
+
+
 def avellaneda_stoikov(gamma: float) -> Policy:
     """Quotes around the reservation price with the Avellaneda-Stoikov spread, risk aversion ``gamma``."""
 
     def policy(state, params):
-        inventory_risk = gamma * params.sigma**2 * time_left(state, params)
-        half_spread = 0.5 * inventory_risk + jnp.log1p(gamma / params.fill_decay) / gamma
-        skew = state.inventory * inventory_risk
-        return jnp.stack([half_spread + skew, half_spread - skew])
+        return jnp.stack(avellaneda_stoikov_depths(gamma, params.sigma, params.fill_decay, time_left(state, params),
+                                                   state.inventory))
 
     return policy
 
@@ -66,12 +79,8 @@ def gueant_lehalle_tapia(gamma: float) -> Policy:
     """The Gueant-Lehalle-Fernandez-Tapia asymptotic quotes (time-independent), risk aversion ``gamma``."""
 
     def policy(state, params):
-        k, q = params.fill_decay, state.inventory
-        base = jnp.log1p(gamma / k) / gamma
-        slope = jnp.sqrt(
-            params.sigma**2 * gamma / (2 * k * params.arrival_rate) * (1 + gamma / k) ** (1 + k / gamma)
-        )
-        return jnp.stack([base + (2 * q + 1) / 2 * slope, base - (2 * q - 1) / 2 * slope])
+        return jnp.stack(gueant_lehalle_tapia_depths(gamma, params.sigma, params.fill_decay, params.arrival_rate,
+                                                     state.inventory))
 
     return policy
 

@@ -107,16 +107,21 @@ def build_params(days: list[BookDay], stepping: str = "time", interval: float = 
     select = list(range(len(days))) if select is None else list(select)
     if not select:
         raise ConfigError("no days selected")
-    prepared = []
+    prepared, features_of = [], {}
+
+    def day_features(d):  # each day's features serve its own rows and its successor's scaling: compute once
+        if d not in features_of:
+            features_of[d] = feature_lib.snapshot_features(days[d], levels)
+        return features_of[d]
+
     for d in select:
         day = days[d]
         indices = feature_lib.decision_indices(day, stepping, interval, threshold_bps)
         if len(indices) < 2:
             raise ConfigError(f"{day.name}: fewer than two decisions with stepping={stepping} (interval {interval} s, "
                               f"threshold {threshold_bps} bps)")
-        scaling_day = days[d - 1] if d > 0 else day
-        mean, std = feature_lib.fit_scaling(feature_lib.snapshot_features(scaling_day, levels))
-        market = (feature_lib.snapshot_features(day, levels)[indices] - mean) / std
+        mean, std = feature_lib.fit_scaling(day_features(d - 1 if d > 0 else d))
+        market = (day_features(d)[indices] - mean) / std
         trades = feature_lib.step_trades(day, indices, levels)
         prepared.append((day, indices, market, trades))
     capacity = max(len(p[1]) for p in prepared)

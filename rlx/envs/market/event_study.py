@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlx.envs.market import book, rewards, synthetic
+from rlx.envs.market import baselines, book, rewards, synthetic
 from rlx.envs.market import data as data_lib
 
 TRAIN_DAYS, TEST_DAYS, SEEDS = 8, 30, 5
@@ -165,13 +165,9 @@ def closed_form_chooser(kind: str, gamma: float, fit: dict, params: book.BookPar
         mid, q = params.mid[d, s], state.inventory / params.order_size
         if kind == "as":
             tau = horizons[d] * (1 - s / jnp.maximum(params.num_steps[d] - 1, 1))
-            risk = gamma * sigma**2 * tau
-            half = 0.5 * risk + jnp.log1p(gamma / k) / gamma
-            bid_depth, ask_depth = half + q * risk, half - q * risk
+            bid_depth, ask_depth = baselines.avellaneda_stoikov_depths(gamma, sigma, k, tau, q)
         else:
-            base = jnp.log1p(gamma / k) / gamma
-            slope = jnp.sqrt(sigma**2 * gamma / (2 * k * a) * (1 + gamma / k) ** (1 + k / gamma))
-            bid_depth, ask_depth = base + (2 * q + 1) / 2 * slope, base - (2 * q - 1) / 2 * slope
+            bid_depth, ask_depth = baselines.gueant_lehalle_tapia_depths(gamma, sigma, k, a, q)
         level_bid = mid - params.bid_prices[d, s]
         level_ask = params.ask_prices[d, s] - mid
         cost = jnp.abs(level_bid[pairs[:, 0]] - bid_depth) + jnp.abs(level_ask[pairs[:, 1]] - ask_depth)
@@ -187,20 +183,18 @@ def reproduce(out: Path, quick: bool, skip_training: bool) -> Path:
     seeds = 2 if quick else SEEDS
     train_select, test_select = range(train_count), range(train_count, len(days))
     fit = calibrate(days[:train_count])
-    rows, per_day_rows, curves, paths, daily = {}, {}, {}, {}, {}
+    rows, paths, daily = {}, {}, {}
     for stepping, options in STEPPINGS.items():
         train_params = book.build_params(days, stepping, select=train_select, **options)
         test_params = book.build_params(days, stepping, select=test_select, **options)
         env = book.BookEnv(train_params, window=WINDOW)
         tick = float(test_params.tick_size)
-        horizons = jnp.asarray([days[d].timestamps[-1] - days[d].timestamps[0] for d in test_select])
-        baselines = baseline_choosers(fit, train_params, test_params, env, days, train_select, horizons)
-        for label, choose in baselines.items():
-            played = jax.jit(lambda p=test_params, c=choose: play_days(env, p, c))()
-            per_day = day_metrics(played, tick)
+        choosers = baseline_choosers(fit, train_params, test_params, env, day_lengths(days, train_select),
+                                     day_lengths(days, test_select))
+        for label, choose in choosers.items():
+            played, per_day = play_and_measure(env, test_params, choose)
             key = (label, "—", stepping)
-            rows[key], per_day_rows[key], paths[key] = summary(per_day), per_day["pnl"], first_day_inventory(played)
-            daily[key] = per_day
+            rows[key], daily[key], paths[key] = summary(per_day), per_day, first_day_inventory(played)
         for agent_name in ("ppo", "a2c"):
             module, config = agent_setup(agent_name, quick)
             print(f"[mm_event_vs_time] training {agent_name}, {stepping}-based: 7 rewards x {seeds} seeds", flush=True)
@@ -215,11 +209,9 @@ def reproduce(out: Path, quick: bool, skip_training: bool) -> Path:
             for r, name in enumerate(rewards.REWARDS):
                 block = {k: v[r * seeds : (r + 1) * seeds] for k, v in per_day.items()}
                 key = (agent_name.upper(), name, stepping)
-                rows[key] = summary(block)  # per seed
-                per_day_rows[key] = block["pnl"].mean(0)
-                daily[key] = block
-                curves[key] = np.cumsum(block["pnl"].mean(0))
+                rows[key], daily[key] = summary(block), block  # per seed
                 paths[key] = first_day_inventory(jax.tree.map(lambda x, i=r * seeds: x[i], played))
+    per_day_rows = {key: np.atleast_2d(table["pnl"]).mean(0) for key, table in daily.items()}  # mean over seeds
     results = out / ("results_quick.md" if quick else "results.md")
     results.write_text(render(rows, per_day_rows, fit, days, train_count, seeds, quick, time.time() - started))
     as_lists = lambda table: {m: np.asarray(v).tolist() for m, v in table.items()}  # noqa: E731
@@ -227,29 +219,37 @@ def reproduce(out: Path, quick: bool, skip_training: bool) -> Path:
         {"test_days": [d.name for d in days[train_count:]],
          "summary": {" | ".join(k): as_lists(row) for k, row in rows.items()},
          "per_test_day": {" | ".join(k): as_lists(table) for k, table in daily.items()}}, indent=1))
-    plot_equity(out / ("equity_quick.png" if quick else "equity.png"), rows, curves, per_day_rows)
+    plot_equity(out / ("equity_quick.png" if quick else "equity.png"), rows, per_day_rows)
     plot_inventory(out / ("inventory_quick.png" if quick else "inventory.png"), rows, paths)
     print(results.read_text())
     return results
 
 
-def baseline_choosers(fit, train_params, test_params, env, days, train_select, horizons) -> dict:
+def day_lengths(days: list[data_lib.BookDay], select) -> jnp.ndarray:
+    """Seconds from first to last snapshot of each selected day (the closed forms' horizon)."""
+    return jnp.asarray([days[d].timestamps[-1] - days[d].timestamps[0] for d in select])
+
+
+def play_and_measure(env, params, choose) -> tuple[dict, dict]:
+    """``play_days`` in one compiled program, and its per-day metrics."""
+    played = jax.jit(lambda: play_days(env, params, choose))()
+    return played, day_metrics(played, float(params.tick_size))
+
+
+def baseline_choosers(fit, train_params, test_params, env, train_lengths, test_lengths) -> dict:
     """Closed-form and trivial baselines; gamma of AS and GLFT chosen by training-day PnL."""
     choosers = {
         "do nothing": lambda obs, state: jnp.int32(book.DO_NOTHING),
         "fixed quotes, levels (1, 1)": lambda obs, state: jnp.int32(book.LEVEL_PAIRS.index((1, 1)) + 1),
         "fixed quotes, levels (5, 5)": lambda obs, state: jnp.int32(book.LEVEL_PAIRS.index((5, 5)) + 1),
     }
-    train_horizons = jnp.asarray([days[d].timestamps[-1] - days[d].timestamps[0] for d in train_select])
-    tick = float(train_params.tick_size)
     for kind, label in (("as", "Avellaneda-Stoikov"), ("glft", "Gueant-Lehalle-Fernandez-Tapia")):
-        scores = []
-        for gamma in GAMMAS:
-            choose = closed_form_chooser(kind, gamma, fit, train_params, train_horizons)
-            pnl = day_metrics(jax.jit(lambda c=choose: play_days(env, train_params, c))(), tick)["pnl"]
-            scores.append(pnl.mean())
+        scores = [play_and_measure(env, train_params, closed_form_chooser(kind, gamma, fit, train_params,
+                                                                          train_lengths))[1]["pnl"].mean()
+                  for gamma in GAMMAS]
         gamma = GAMMAS[int(np.argmax(scores))]
-        choosers[f"{label} (gamma {gamma:g}, fitted)"] = closed_form_chooser(kind, gamma, fit, test_params, horizons)
+        choosers[f"{label} (gamma {gamma:g}, fitted)"] = closed_form_chooser(kind, gamma, fit, test_params,
+                                                                             test_lengths)
     return choosers
 
 
@@ -326,8 +326,14 @@ def first_day_inventory(out) -> np.ndarray:
     return np.where(np.asarray(out["active"])[0], np.asarray(out["inventory"])[0], np.nan)
 
 
-def plot_inventory(path: Path, rows, paths) -> None:
-    """Inventory on the first test day: the best PPO and A2C configuration (seed 0) and the baselines that quote."""
+def best_learned(keys, rows, agent: str, stepping: str):
+    """The reward with the highest mean daily PnL for ``agent`` and ``stepping``, or None if not trained."""
+    learned = [k for k in keys if k[0] == agent and k[2] == stepping]
+    return max(learned, key=lambda k: np.mean(rows[k]["daily_pnl"])) if learned else None
+
+
+def plot_per_stepping(path: Path, title: str, xlabel: str, ylabel: str, draw) -> None:
+    """One panel per stepping mode, side by side; ``draw(axis, stepping)`` adds the lines."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -335,45 +341,44 @@ def plot_inventory(path: Path, rows, paths) -> None:
 
     figure, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for axis, stepping in zip(axes, STEPPINGS):
+        draw(axis, stepping)
+        axis.set_title(f"{stepping}-based: {title}")
+        axis.set_xlabel(xlabel)
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=6)
+    axes[0].set_ylabel(ylabel)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def plot_inventory(path: Path, rows, paths) -> None:
+    """Inventory on the first test day: the best PPO and A2C configuration (seed 0) and the baselines that quote."""
+
+    def draw(axis, stepping):
         for agent in ("PPO", "A2C"):
-            learned = [k for k in paths if k[0] == agent and k[2] == stepping]
-            if learned:
-                best = max(learned, key=lambda k: np.mean(rows[k]["daily_pnl"]))
+            best = best_learned(paths, rows, agent, stepping)
+            if best:
                 axis.plot(paths[best], lw=1.5, label=f"{agent}, {best[1]} (seed 0)")
         for key, inventory in paths.items():
             if key[1] == "—" and key[2] == stepping and not key[0].startswith("do nothing"):
                 axis.plot(inventory, lw=0.8, alpha=0.7, label=key[0])
-        axis.set_title(f"{stepping}-based: inventory on the first test day")
-        axis.set_xlabel("decision")
-        axis.grid(alpha=0.3)
-        axis.legend(fontsize=6)
-    axes[0].set_ylabel("inventory (units)")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+
+    plot_per_stepping(path, "inventory on the first test day", "decision", "inventory (units)", draw)
 
 
-def plot_equity(path: Path, rows, curves, per_day_rows) -> None:
-    import matplotlib
+def plot_equity(path: Path, rows, per_day_rows) -> None:
+    """Cumulative PnL over the test days: the best PPO and A2C configuration (mean over seeds) and the baselines."""
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for axis, stepping in zip(axes, STEPPINGS):
+    def draw(axis, stepping):
         for agent in ("PPO", "A2C"):
-            learned = [k for k in curves if k[0] == agent and k[2] == stepping]
-            if learned:
-                best = max(learned, key=lambda k: np.mean(rows[k]["daily_pnl"]))
-                axis.plot(np.arange(1, len(curves[best]) + 1), curves[best], lw=2, label=f"{agent}, {best[1]}")
+            best = best_learned(per_day_rows, rows, agent, stepping)
+            if best:
+                pnl = per_day_rows[best]
+                axis.plot(np.arange(1, len(pnl) + 1), np.cumsum(pnl), lw=2, label=f"{agent}, {best[1]}")
         for key, pnl in per_day_rows.items():
             if key[1] == "—" and key[2] == stepping:
                 axis.plot(np.arange(1, len(pnl) + 1), np.cumsum(pnl), "--", lw=1, label=key[0])
-        axis.set_title(f"{stepping}-based stepping: cumulative PnL over test days")
-        axis.set_xlabel("test day")
-        axis.grid(alpha=0.3)
-        axis.legend(fontsize=6)
-    axes[0].set_ylabel("cumulative PnL (currency, one-unit orders)")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+
+    plot_per_stepping(path, "cumulative PnL over test days", "test day", "cumulative PnL (currency, one-unit orders)",
+                      draw)

@@ -120,7 +120,7 @@ def depths_at_half_time(policy, params) -> np.ndarray:
     half = int(params.max_steps_in_episode) // 2
 
     def at(q):
-        state = QuotingState(mid=params.s0 * np.float32(1), inventory=q, cash=np.float32(0),
+        state = QuotingState(mid=np.float32(params.s0), inventory=q, cash=np.float32(0),
                              excitation=np.zeros(2, np.float32), time=half)
         return policy(state, params)
 
