@@ -34,8 +34,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 
+from bench_common import save_table  # noqa: E402
 from rlx.envs.mapf import instances  # noqa: E402
 from rlx.envs.mapf.env import MapfEnv  # noqa: E402
 
@@ -112,8 +112,7 @@ def main() -> None:
               "Python (it does not batch), its observations included."]
     table = "\n".join(lines)
     print(table)
-    (ROOT / ".bench").mkdir(exist_ok=True)
-    (ROOT / ".bench" / "bench_mapf.md").write_text(table + "\n")
+    save_table("bench_mapf", table)
 
 
 if __name__ == "__main__":

@@ -23,17 +23,15 @@ import argparse
 import datetime
 import os
 import platform
-import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 
+from bench_common import save_table, timed  # noqa: E402
 from rlx.agents import ppo  # noqa: E402
 from rlx.envs import registry  # noqa: E402
 from rlx.envs.market import book, synthetic  # noqa: E402
@@ -41,24 +39,10 @@ from rlx.envs.market import book, synthetic  # noqa: E402
 QUOTING_PARAMS = dict(inventory_penalty=2.0, terminal_penalty=2.0, max_inventory=10.0)
 
 
-def timed(function, *args, repeats: int = 3) -> tuple[float, float]:
-    """(first call seconds, median seconds of ``repeats`` later calls)."""
-    started = time.perf_counter()
-    jax.block_until_ready(function(*args))
-    first = time.perf_counter() - started
-    seconds = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        jax.block_until_ready(function(*args))
-        seconds.append(time.perf_counter() - started)
-    return first, statistics.median(seconds)
-
-
 def random_stepping(env, params, batch: int, steps: int) -> tuple[float, float]:
     """(compile seconds, env steps/s) of ``batch`` environments under random actions."""
     space = env.action_space(params)
 
-    @jax.jit
     def rollout(key):
         reset_key, key = jax.random.split(key)
         _, states = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(reset_key, batch), params)
@@ -74,8 +58,8 @@ def random_stepping(env, params, batch: int, steps: int) -> tuple[float, float]:
         _, total = jax.lax.scan(step, (states, key), None, steps)
         return total.sum()
 
-    first, seconds = timed(rollout, jax.random.PRNGKey(0))
-    return first - seconds, batch * steps / seconds
+    compile_s, seconds, _ = timed(rollout, jax.random.PRNGKey(0))
+    return compile_s, batch * steps / seconds
 
 
 def ppo_training(env, params, updates: int) -> tuple[float, float]:
@@ -84,9 +68,8 @@ def ppo_training(env, params, updates: int) -> tuple[float, float]:
                         gamma=1.0, normalize_rewards=True, total_timesteps=32 * 256 * updates)
     agent = ppo.make(config, env, params)
     state = jax.jit(agent.init)(jax.random.PRNGKey(0))
-    run = jax.jit(lambda s: jax.lax.scan(lambda c, _: agent.update(c), s, None, updates)[0])
-    first, seconds = timed(run, state)
-    return first - seconds, 32 * 256 * updates / seconds
+    compile_s, seconds, _ = timed(lambda s: jax.lax.scan(lambda c, _: agent.update(c), s, None, updates)[0], state)
+    return compile_s, 32 * 256 * updates / seconds
 
 
 def main() -> None:
@@ -130,9 +113,7 @@ def main() -> None:
     lines += [f"| {name} | {batch} | {compile_s:.1f} | {speed:,.0f} |" for name, batch, compile_s, speed in rows]
     table = "\n".join(lines)
     print(table)
-    out = ROOT / ".bench" / "bench_market.md"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(table + "\n")
+    save_table("bench_market", table)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -38,23 +37,10 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_enable_concurrency_optimized_scheduler=false")
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
+from bench_common import save_table, timed  # noqa: E402
 
 NUM_STEPS = 128
 NUM_AGENTS = 3
-
-
-def timed(fn, *args, repeats: int) -> tuple[float, float]:
-    """(compile seconds, median run seconds) of ``jax.jit(fn)(*args)``."""
-    start = time.perf_counter()
-    compiled = jax.jit(fn).lower(*args).compile()
-    compile_s = time.perf_counter() - start
-    runs = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        runs.append(time.perf_counter() - start)
-    return compile_s, statistics.median(runs)
 
 
 def raw_stepping(num_envs: int, repeats: int) -> tuple[float, float, int]:
@@ -78,7 +64,7 @@ def raw_stepping(num_envs: int, repeats: int) -> tuple[float, float, int]:
         _, rewards = jax.lax.scan(step, (state, key), None, NUM_STEPS)
         return rewards.sum()
 
-    compile_s, run_s = timed(rollout, jax.random.PRNGKey(0), repeats=repeats)
+    compile_s, run_s, _ = timed(rollout, jax.random.PRNGKey(0), repeats=repeats)
     return compile_s, run_s, num_envs * NUM_STEPS
 
 
@@ -103,7 +89,7 @@ def rlx_mappo(num_envs: int, updates: int, repeats: int, recurrent: bool) -> tup
     def train(state):
         return jax.lax.scan(lambda s, _: agent.update(s), state, None, updates)[1]["loss"]
 
-    compile_s, run_s = timed(train, state, repeats=repeats)
+    compile_s, run_s, _ = timed(train, state, repeats=repeats)
     return compile_s, run_s, num_envs * NUM_STEPS * updates
 
 
@@ -121,7 +107,7 @@ def jaxmarl_mappo(repo: Path, num_envs: int, updates: int, repeats: int) -> tupl
     config = OmegaConf.to_container(OmegaConf.load(repo / "baselines" / "MAPPO" / "config" / "mappo_homogenous_rnn_mpe.yaml"))
     config.update(NUM_ENVS=num_envs, NUM_STEPS=NUM_STEPS, TOTAL_TIMESTEPS=num_envs * NUM_STEPS * updates)
     train = module.make_train(config)
-    compile_s, run_s = timed(train, jax.random.PRNGKey(0), repeats=repeats)
+    compile_s, run_s, _ = timed(train, jax.random.PRNGKey(0), repeats=repeats)
     return compile_s, run_s, num_envs * NUM_STEPS * updates
 
 
@@ -194,9 +180,7 @@ def main(argv=None) -> None:
         f"{NUM_STEPS} steps of JaxMARL's vmapped env.step with random actions, nothing learned.",
     ]
     table = "\n".join(lines) + "\n"
-    out = ROOT / ".bench" / "bench_marl.md"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(table)
+    save_table("bench_marl", table)
     print(table)
 
 

@@ -17,9 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,6 +29,7 @@ compile_cache.set_xla_flags()
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+from bench_common import save_table, timed  # noqa: E402
 from gymnax.environments.classic_control.cartpole import CartPole  # noqa: E402
 
 from rlx.agents import ppo, pref_ppo  # noqa: E402
@@ -40,20 +39,12 @@ SHARED = dict(total_timesteps=61440, num_envs=8, num_steps=64, lr=2.5e-3, ent_co
 
 
 def timed_training(module, config, seeds: int, repeats: int):
-    """(compile seconds, median run seconds, final true returns per seed)."""
+    """(compile seconds, median run seconds, mean true return of the last 10 updates per seed)."""
     env = CartPole()
     keys = jax.random.split(jax.random.PRNGKey(0), seeds)
-    run = jax.jit(jax.vmap(lambda key: module.train(config, env, env.default_params, key)[1]["train_return"]))
-    started = time.perf_counter()
-    returns = jax.block_until_ready(run(keys))
-    first = time.perf_counter() - started
-    seconds = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        returns = jax.block_until_ready(run(keys))
-        seconds.append(time.perf_counter() - started)
-    median = statistics.median(seconds)
-    return first - median, median, np.asarray(returns)[:, -10:].mean(1)
+    train = jax.vmap(lambda key: module.train(config, env, env.default_params, key)[1]["train_return"])
+    compile_s, seconds, returns = timed(train, keys, repeats=repeats)
+    return compile_s, seconds, np.asarray(returns)[:, -10:].mean(1)
 
 
 def main() -> None:
@@ -77,9 +68,7 @@ def main() -> None:
                      f"{', '.join(f'{r:.0f}' for r in returns)} |")
     table = "\n".join(lines)
     print(table)
-    out = ROOT / ".bench" / "bench_pbrl.md"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(table + "\n")
+    save_table("bench_pbrl", table)
 
 
 if __name__ == "__main__":
