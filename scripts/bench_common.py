@@ -30,3 +30,26 @@ def save_table(name: str, table: str) -> Path:
     out.parent.mkdir(exist_ok=True)
     out.write_text(table.rstrip("\n") + "\n")
     return out
+
+
+def random_rollout(env, params, batch: int, steps: int, sample_actions):
+    """``rollout(key) -> scalar``: ``batch`` environments under ``vmap`` take ``steps`` random steps in one ``lax.scan``.
+
+    ``sample_actions(key)`` returns the batch's actions. The scalar sums the rewards and one
+    observation entry per environment, so the compiler cannot drop the observation work.
+    """
+
+    def rollout(key):
+        reset_key, key = jax.random.split(key)
+        _, states = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(reset_key, batch), params)
+
+        def step(carry, _):
+            states, key = carry
+            key, action_key, step_key = jax.random.split(key, 3)
+            obs, states, rewards, *_ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
+                jax.random.split(step_key, batch), states, sample_actions(action_key), params)
+            return (states, key), rewards.sum() + obs.reshape(batch, -1)[:, 0].sum()
+
+        return jax.lax.scan(step, (states, key), None, steps)[1].sum()
+
+    return rollout

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 import jax  # noqa: E402
 
-from bench_common import save_table  # noqa: E402
+from bench_common import random_rollout, save_table  # noqa: E402
 from rlx.envs.mapf import instances  # noqa: E402
 from rlx.envs.mapf.env import MapfEnv  # noqa: E402
 
@@ -49,19 +49,8 @@ def rlx_speed(side: int, agents: int, batch: int, steps: int) -> tuple[float, fl
                                  max_steps_in_episode=steps + 1)
     env = MapfEnv(agents, 5, "soft", "nothing", pool)
 
-    def rollout(key):
-        reset_key, key = jax.random.split(key)
-        _, states = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(reset_key, batch), pool)
-
-        def step(carry, _):
-            states, key = carry
-            key, action_key, step_key = jax.random.split(key, 3)
-            actions = jax.random.randint(action_key, (batch, agents), 0, 5)
-            obs, states, rewards, *_ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
-                jax.random.split(step_key, batch), states, actions, pool)
-            return (states, key), rewards.sum() + obs[:, 0, 0, 0, 0].sum()
-
-        return jax.lax.scan(step, (states, key), None, steps)[1].sum()
+    rollout = random_rollout(env, pool, batch, steps,
+                             lambda key: jax.random.randint(key, (batch, agents), 0, 5))
 
     start = time.perf_counter()
     compiled = jax.jit(rollout).lower(jax.random.PRNGKey(0)).compile()

@@ -5,7 +5,8 @@ Usage::
     .venv/bin/python scripts/bench_market.py [--batches 1,16,256,4096] [--steps 200] [--quick]
 
 * **Random actions**: ``B`` environments under ``vmap``, ``--steps`` steps of uniformly random
-  depths in [0, max_depth] inside one jitted ``lax.scan`` (gymnax ``step`` with auto-reset);
+  depths in [0, max_depth] inside one jitted ``lax.scan`` (gymnax ``step`` with auto-reset; the
+  observations are consumed, so they are computed);
   compiled first, then timed (median of 3 repeats).
 * **PPO training**: the ``ppo_market_quoting`` preset's PPO (32 envs x 256 steps, 4 epochs x 8
   minibatches, one seed) for a fixed number of updates after compiling; env steps/s of the whole
@@ -31,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 import jax  # noqa: E402
 
-from bench_common import save_table, timed  # noqa: E402
+from bench_common import random_rollout, save_table, timed  # noqa: E402
 from rlx.agents import ppo  # noqa: E402
 from rlx.envs import registry  # noqa: E402
 from rlx.envs.market import book, synthetic  # noqa: E402
@@ -42,22 +43,7 @@ QUOTING_PARAMS = dict(inventory_penalty=2.0, terminal_penalty=2.0, max_inventory
 def random_stepping(env, params, batch: int, steps: int) -> tuple[float, float]:
     """(compile seconds, env steps/s) of ``batch`` environments under random actions."""
     space = env.action_space(params)
-
-    def rollout(key):
-        reset_key, key = jax.random.split(key)
-        _, states = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(reset_key, batch), params)
-
-        def step(carry, _):
-            states, key = carry
-            key, action_key, step_key = jax.random.split(key, 3)
-            actions = jax.vmap(space.sample)(jax.random.split(action_key, batch))
-            _, states, rewards, *_ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
-                jax.random.split(step_key, batch), states, actions, params)
-            return (states, key), rewards.sum()
-
-        _, total = jax.lax.scan(step, (states, key), None, steps)
-        return total.sum()
-
+    rollout = random_rollout(env, params, batch, steps, lambda key: jax.vmap(space.sample)(jax.random.split(key, batch)))
     compile_s, seconds, _ = timed(rollout, jax.random.PRNGKey(0))
     return compile_s, batch * steps / seconds
 
