@@ -124,7 +124,7 @@ def test_uniform_selection_depends_on_the_key_only():
 
 def tiny_config(**overrides):
     settings = dict(total_timesteps=64 * 6, num_envs=2, num_steps=32, num_minibatches=2, num_epochs=1,
-                    hidden_sizes=(16,), reward_hidden_sizes=(16,), ensemble_size=2, reward_epochs=2,
+                    hidden_sizes=(16,), reward_hidden_sizes=(16,), ensemble_size=2, reward_steps=4,
                     reward_batch_size=8, segment_length=8, pool_segments=12, num_candidates=16,
                     queries_per_feedback=10, budget=25, feedback_every=1, eval_pairs=8, entropy_k=3,
                     teacher_terminal_penalty=1.0)
@@ -251,7 +251,7 @@ def test_continuous_actions_run_and_label():
 
     env = Pendulum()
     config = P.Config(total_timesteps=4 * 64 * 4, num_envs=4, num_steps=64, segment_length=16, pool_segments=64,
-                      num_candidates=32, queries_per_feedback=8, budget=16, feedback_every=1, reward_epochs=2,
+                      num_candidates=32, queries_per_feedback=8, budget=16, feedback_every=1, reward_steps=4,
                       eval_pairs=16)
     P.validate(config)
     _, metrics = P.train(config, env, env.default_params, KEY)

@@ -16,7 +16,7 @@ The agent never trains on the environment's reward. Each ``update``:
    ``num_candidates`` random segment pairs, keeps the ``queries_per_feedback``
    most informative under ``selection``, asks the scripted ``teacher`` for labels,
    stores them in the label buffer (capacity ``budget``) and trains the reward
-   model for ``reward_epochs`` passes over that buffer;
+   model for ``reward_steps`` Adam steps on random minibatches of that buffer;
 4. relabels its rollout with the reward model -- the mean over an ensemble of
    ``ensemble_size`` MLPs ``r_hat(obs, action)`` -- or, during the first
    ``pretrain_updates`` updates, with a state-entropy bonus (PEBBLE's unsupervised
@@ -71,6 +71,8 @@ ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu, "elu": nn.elu, "gelu": nn.gelu,
 # Metrics that are NaN when undefined for an update (no feedback round yet; every held-out pair ties);
 # a training loop should not treat them as divergence.
 METRICS_MAY_BE_NAN = ("reward_loss", "reward_model_accuracy")
+# ``update(state, index)`` takes the update number shared by all runs (see ``update``); the rlx runner passes it.
+UPDATE_TAKES_INDEX = True
 SELECTIONS = ("uniform", "disagreement", "entropy")
 TEACHERS = ("oracle", "stochastic", "mistake", "skip", "equal", "myopic")
 
@@ -88,8 +90,8 @@ class Config:
 
     * ``reward_lr`` -- Adam step size of the reward model;
       ``reward_hidden_sizes`` / ``ensemble_size`` -- its MLPs (tanh output, so
-      ``r_hat`` is in [-1, 1]); ``reward_epochs`` passes over the label buffer per
-      feedback round in minibatches of ``reward_batch_size`` pairs.
+      ``r_hat`` is in [-1, 1]); ``reward_steps`` Adam steps per feedback round, each on
+      ``reward_batch_size`` labelled pairs drawn afresh from the label buffer.
     * ``segment_length`` (divides ``num_steps``), ``pool_segments`` (query pool
       capacity, at least one rollout's ``num_envs * num_steps / segment_length``).
     * ``num_candidates`` random pairs per feedback round, of which the top
@@ -143,7 +145,7 @@ class Config:
 
     ensemble_size: int = static(3)
     reward_hidden_sizes: tuple = static((64, 64))
-    reward_epochs: int = static(20)
+    reward_steps: int = static(50)
     reward_batch_size: int = static(64)
     segment_length: int = static(16)
     pool_segments: int = static(256)
@@ -211,7 +213,7 @@ def validate(config: Config) -> None:
             config.selection != "disagreement" or config.ensemble_size >= 2,
             "must be >= 2 for selection='disagreement'",
         ),
-        ("reward_epochs", config.reward_epochs >= 1, "must be >= 1"),
+        ("reward_steps", config.reward_steps >= 1, "must be >= 1"),
         ("reward_batch_size", config.reward_batch_size >= 1, "must be >= 1"),
         ("segment_length", config.segment_length >= 1, "must be >= 1"),
         ("segment_length", seg_ok, f"must divide num_steps={config.num_steps}"),
@@ -657,7 +659,8 @@ def make(config: Config, env, env_params) -> Agent:
     S_new = config.segments_per_update
     reward_net = RewardMLP(tuple(config.reward_hidden_sizes))
     reward_optimizer = optax.adam(config.reward_lr)
-    num_reward_minibatches = -(-config.budget // config.reward_batch_size)
+    reward_batch = min(config.reward_batch_size, config.budget)
+    feedback_rounds = -(-config.budget // config.queries_per_feedback)
 
     # ---------------------------------------------------------------- reward model
     def action_features(action):
@@ -701,44 +704,33 @@ def make(config: Config, env, env_params) -> Agent:
     member_grad = jax.value_and_grad(member_loss)
 
     def train_member(member_params, member_opt_state, labels: Labels, key):
-        """``reward_epochs`` passes of Adam over the filled part of the label buffer."""
-        capacity = config.budget
-        padded = num_reward_minibatches * config.reward_batch_size
+        """``reward_steps`` Adam steps, each on a fresh random minibatch of the labels stored so far.
 
-        def epoch(carry, key):
+        A fixed number of steps per feedback round (not epochs over the buffer), so the cost of a
+        round does not grow with the budget; early rounds, with few labels, revisit them more often.
+        """
+        filled_last = (jnp.arange(config.budget) >= labels.count) * 2.0
+
+        def step(carry, key):
             params, opt_state = carry
-            perm_key, crop_key = jax.random.split(key)
-            # filled entries first, in random order; then the empty ones (masked out)
-            order = jnp.argsort(
-                jax.random.uniform(perm_key, (capacity,)) + (jnp.arange(capacity) >= labels.count) * 2.0
+            pick_key, crop_key = jax.random.split(key)
+            # distinct stored labels in random order (filled slots sort first); slots past the count are masked
+            idx = jnp.argsort(jax.random.uniform(pick_key, (config.budget,)) + filled_last)[:reward_batch]
+            mask = (jnp.arange(reward_batch) < labels.count) * labels.valid[idx]
+            loss, grads = member_grad(
+                params, labels.obs0[idx], labels.action0[idx], labels.obs1[idx], labels.action1[idx],
+                labels.label[idx], mask, crop_key,
             )
-            order = jnp.concatenate([order, jnp.zeros(padded - capacity, order.dtype)])
-            in_range = jnp.arange(padded) < capacity
-            index = order.reshape(num_reward_minibatches, config.reward_batch_size)
-            in_range = in_range.reshape(num_reward_minibatches, config.reward_batch_size)
-            crop_keys = jax.random.split(crop_key, num_reward_minibatches)
-
-            def step(carry, batch):
-                params, opt_state = carry
-                idx, ok, k = batch
-                mask = ok * (idx < labels.count) * labels.valid[idx]
-                loss, grads = member_grad(
-                    params, labels.obs0[idx], labels.action0[idx], labels.obs1[idx], labels.action1[idx],
-                    labels.label[idx], mask, k,
-                )
-                updates, new_opt_state = reward_optimizer.update(grads, opt_state, params)
-                new_params = optax.apply_updates(params, updates)
-                any_pair = mask.sum() > 0  # an empty minibatch leaves Adam's state alone
-                params, opt_state = jax.tree.map(
-                    lambda new, old: jnp.where(any_pair, new, old), (new_params, new_opt_state), (params, opt_state)
-                )
-                return (params, opt_state), loss
-
-            (params, opt_state), losses = jax.lax.scan(step, (params, opt_state), (index, in_range, crop_keys))
-            return (params, opt_state), losses[0]
+            updates, new_opt_state = reward_optimizer.update(grads, opt_state, params)
+            new_params = optax.apply_updates(params, updates)
+            any_pair = mask.sum() > 0  # a minibatch of skipped queries leaves Adam's state alone
+            params, opt_state = jax.tree.map(
+                lambda new, old: jnp.where(any_pair, new, old), (new_params, new_opt_state), (params, opt_state)
+            )
+            return (params, opt_state), loss
 
         (member_params, member_opt_state), losses = jax.lax.scan(
-            epoch, (member_params, member_opt_state), jax.random.split(key, config.reward_epochs)
+            step, (member_params, member_opt_state), jax.random.split(key, config.reward_steps)
         )
         return member_params, member_opt_state, losses[-1]
 
@@ -875,16 +867,16 @@ def make(config: Config, env, env_params) -> Agent:
         )
         return state, transition
 
+    def cut_time(x):
+        """``[T, N, ...]`` -> ``[N * T / L, L, ...]``: segments of ``L`` steps, env-major."""
+        x = x.reshape((config.num_steps // L, L, config.num_envs) + x.shape[2:])
+        x = jnp.moveaxis(x, 2, 0)
+        return x.reshape((S_new, L) + x.shape[3:])
+
     def cut_segments(traj: Transition) -> Segments:
-        """``[T, N]`` rollout -> ``[N * T / L]`` segments of ``L`` steps (env-major)."""
+        """A ``[T, N]`` rollout as ``[N * T / L]`` segments, with the teacher's reward per step."""
         teacher_reward = traj.reward - config.teacher_terminal_penalty * traj.terminated
-
-        def cut(x):
-            x = x.reshape((config.num_steps // L, L, config.num_envs) + x.shape[2:])
-            x = jnp.moveaxis(x, 2, 0)
-            return x.reshape((S_new, L) + x.shape[3:])
-
-        return Segments(cut(traj.env_obs), cut(action_features(traj.action)), cut(teacher_reward))
+        return Segments(cut_time(traj.env_obs), cut_time(action_features(traj.action)), cut_time(teacher_reward))
 
     def minibatch_loss(params, batch):
         obs, action, old_log_prob, old_value, advantages, targets = batch
@@ -913,7 +905,19 @@ def make(config: Config, env, env_params) -> Agent:
         (params, opt_state), metrics = jax.lax.scan(learn_minibatch, (params, opt_state), minibatches)
         return (params, opt_state, batch, key), metrics
 
-    def update(state: TrainState):
+    def feedback_due(update_index):
+        """Whether update number ``update_index`` (from 0) runs a feedback round."""
+        since = update_index - config.pretrain_updates
+        return (since >= 0) & (since % config.feedback_every == 0) & (since // config.feedback_every < feedback_rounds)
+
+    def update(state: TrainState, index=None):
+        """One iteration: rollout, query pool, maybe a feedback round, PPO on the learned reward.
+
+        ``index`` is the update number when the caller knows it for every run at once (``train`` and
+        the rlx runner pass their scan counter). Under ``vmap`` over seeds, the feedback round is
+        then a real branch, skipped on the updates without one; from ``state.update_step`` (a
+        per-seed value) it would become a select that trains the reward model on every update.
+        """
         state, traj = jax.lax.scan(env_step, state, None, config.num_steps)
         key, feedback_key, eval_key, learn_key = jax.random.split(state.key, 4)
 
@@ -928,8 +932,7 @@ def make(config: Config, env, env_params) -> Agent:
         )
 
         # 2. feedback round (a lax.cond on the update counter and the labels left)
-        since = state.update_step - config.pretrain_updates
-        ask = (since >= 0) & (since % config.feedback_every == 0) & (state.labels.count < config.budget)
+        ask = feedback_due(state.update_step if index is None else index)
         labels, reward_params, reward_opt_state, reward_loss = jax.lax.cond(
             ask,
             lambda: ask_feedback(state, new_segments, feedback_key),
@@ -938,7 +941,8 @@ def make(config: Config, env, env_params) -> Agent:
         state = state.replace(labels=labels, reward_params=reward_params, reward_opt_state=reward_opt_state)
 
         # 3. relabel the rollout with the learned reward (or the state-entropy bonus while pre-training)
-        r_hat = reward(reward_params, traj.env_obs, traj.action)  # [T, N]
+        member_r_hat = ensemble_reward(reward_params, traj.env_obs, action_features(traj.action))  # [E, T, N]
+        r_hat = member_r_hat.mean(0)
         train_reward = r_hat
         if config.pretrain_updates > 0:
             flat_obs = traj.env_obs.reshape((config.batch_size, obs_size)).astype(jnp.float32)
@@ -982,14 +986,16 @@ def make(config: Config, env, env_params) -> Agent:
         metrics = jax.tree.map(jnp.mean, metrics)
 
         # 5. reward-model metrics on the latest segments (oracle labels, outside the budget)
+        # (segment returns come from the r_hat above: the segments are this rollout cut up)
+        member_seg_returns = jax.vmap(cut_time)(member_r_hat).sum(-1)  # [E, S_new]
+        true_seg_returns = new_segments.reward.sum(-1)
         e0, e1 = random_pairs(eval_key, S_new, config.eval_pairs)
-        seg0, seg1 = gather(new_segments, e0), gather(new_segments, e1)
-        true0, true1 = seg0.reward.sum(-1), seg1.reward.sum(-1)
-        p = pair_probs(reward_params, seg0, seg1).mean(0)
+        true0, true1 = true_seg_returns[e0], true_seg_returns[e1]
+        p = jax.nn.sigmoid(member_seg_returns[:, e1] - member_seg_returns[:, e0]).mean(0)
         decided = (true0 != true1).astype(jnp.float32)
         correct = ((p > 0.5) == (true1 > true0)).astype(jnp.float32)
         accuracy = jnp.where(decided.sum() > 0, (correct * decided).sum() / jnp.maximum(decided.sum(), 1.0), jnp.nan)
-        learned_seg_returns = ensemble_reward(reward_params, new_segments.obs, new_segments.action).mean(0).sum(-1)
+        learned_seg_returns = member_seg_returns.mean(0)
 
         state = state.replace(
             params=params,
@@ -1009,7 +1015,7 @@ def make(config: Config, env, env_params) -> Agent:
         metrics["asked_feedback"] = ask.astype(jnp.float32)
         metrics["reward_loss"] = reward_loss
         metrics["reward_model_accuracy"] = accuracy
-        metrics["rank_correlation"] = spearman(learned_seg_returns, new_segments.reward.sum(-1))
+        metrics["rank_correlation"] = spearman(learned_seg_returns, true_seg_returns)
         metrics["learning_rate"] = learning_rate(state.update_step * updates_per_iteration - 1)
         return state, metrics
 
@@ -1022,7 +1028,7 @@ def train(config: Config, env, env_params, key, num_updates: int | None = None):
 
     def run(key):
         state = agent.init(key)
-        return jax.lax.scan(lambda s, _: agent.update(s), state, None, num_updates or config.num_updates)
+        return jax.lax.scan(agent.update, state, jnp.arange(num_updates or config.num_updates))
 
     return jax.jit(run)(key)
 
@@ -1032,7 +1038,7 @@ def cartpole_config(**overrides) -> Config:
     settings = dict(
         total_timesteps=61440, num_envs=8, num_steps=64, lr=2.5e-3, ent_coef=0.0, gamma=0.98, gae_lambda=0.9,
         segment_length=16, pool_segments=256, num_candidates=64, queries_per_feedback=10, budget=200,
-        feedback_every=2, reward_epochs=5, reward_batch_size=64, teacher="oracle", teacher_terminal_penalty=1.0,
+        feedback_every=2, reward_steps=20, reward_batch_size=32, teacher="oracle", teacher_terminal_penalty=1.0,
         eval_pairs=64, normalize_rewards=True,
     )
     settings.update(overrides)

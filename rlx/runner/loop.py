@@ -157,7 +157,9 @@ class Programs:
         evaluation = self._program(self._per_run(run_evaluation, batched=(0,), shared=(1,)),
                                    (self._config_spec(), state_spec, keys_spec), state_spec)
         # slowest compilation first: chunks, init, evaluation
-        jobs = {("chunk", n): (self._chunk_program(n), config, self.state_shape) for n in sorted(set(chunk_lengths))}
+        first_update = jax.ShapeDtypeStruct((), jnp.int32)
+        jobs = {("chunk", n): (self._chunk_program(n), config, self.state_shape, first_update)
+                for n in sorted(set(chunk_lengths))}
         if training:
             jobs["init"] = (init, config, keys)
         jobs["evaluate"] = (evaluation, config, self.state_shape.policy, keys)
@@ -264,25 +266,35 @@ class Programs:
         between old and new state on every update cost a quarter of the speed.
         """
         if num_updates not in self._chunks:
-            self._chunks[num_updates] = self._compile(self._chunk_program(num_updates), self.config, self.state_shape)
+            self._chunks[num_updates] = self._compile(self._chunk_program(num_updates), self.config, self.state_shape,
+                                                      jax.ShapeDtypeStruct((), jnp.int32))
         return self._chunks[num_updates]
 
     def _chunk_program(self, num_updates: int):
         """The uncompiled program of ``chunk_program``."""
 
-        def run_chunk(config, state, config_axis):
-            update = jax.vmap(lambda c, s: self._agent(c).update(s), in_axes=(config_axis, 0))
-            return jax.lax.scan(lambda s, _: update(config, s), state, None, num_updates)
+        # An agent whose update takes the update number (``UPDATE_TAKES_INDEX``) gets it unbatched, the
+        # same for every run, so its schedules stay real branches under vmap instead of selects.
+        with_index = getattr(self.agent_module, "UPDATE_TAKES_INDEX", False)
+
+        def run_chunk(config, state, first_update, config_axis):
+            def one_update(c, s, index):
+                agent = self._agent(c)
+                return agent.update(s, index) if with_index else agent.update(s)
+
+            update = jax.vmap(one_update, in_axes=(config_axis, 0, None))
+            indices = first_update + jnp.arange(num_updates, dtype=jnp.int32)
+            return jax.lax.scan(lambda s, index: update(config, s, index), state, indices)
 
         # state [grid?, seed, ...]; metrics [update, grid?, seed]
         state_spec = self._spec(1 if self.swept else 0)
         metrics_spec = self._spec(2 if self.swept else 1, grid_axis=1)
         return self._program(self._per_run(run_chunk, batched=(0,), shared=(), out_run_axes=(0, 1)),
-                             (self._config_spec(), state_spec), (state_spec, metrics_spec))
+                             (self._config_spec(), state_spec, self._replicated()), (state_spec, metrics_spec))
 
-    def chunk(self, state, num_updates: int):
-        """Run ``num_updates`` updates; metrics come back as ``[update, grid point, seed]`` arrays."""
-        state, metrics = self.chunk_program(num_updates)(self.config, state)
+    def chunk(self, state, num_updates: int, first_update: int):
+        """Run updates ``first_update`` to ``first_update + num_updates - 1``; metrics ``[update, grid point, seed]``."""
+        state, metrics = self.chunk_program(num_updates)(self.config, state, jnp.int32(first_update))
         metrics = jax.device_get(metrics)
         return state, metrics if self.swept else {name: v[:, None] for name, v in metrics.items()}
 
@@ -413,7 +425,7 @@ def run_training(agent_module, grid, env, env_params, settings: RunSettings, run
         for chunk in range(progress.chunks_done, num_chunks):
             n = min(chunk_updates, num_updates - progress.updates_done)
             tick = time.perf_counter()
-            new_state, metrics = programs.chunk(state, n)
+            new_state, metrics = programs.chunk(state, n, progress.updates_done)
             run_seconds += time.perf_counter() - tick
             bad = first_non_finite(metrics, getattr(agent_module, "METRICS_MAY_BE_NAN", ()))
             if bad is not None:
