@@ -20,6 +20,21 @@ AGENTS = {
 }
 
 
+# Inputs an agent takes besides its Config, read on the host from its ``algo:`` section:
+# name -> "module:function(agent_module, algo_values, env_name) -> agent_module".
+HOST_INPUTS = {
+    "pref_ppo": "rlx.pbrl.human:bind",  # a human's label file (teacher=file, label_dir=DIR)
+}
+
+
+def bind_host_inputs(name: str, agent_module, algo_values: dict, env_name: str):
+    """``agent_module`` with its host inputs bound (their keys popped from ``algo_values``)."""
+    if name not in HOST_INPUTS:
+        return agent_module
+    module_name, function = HOST_INPUTS[name].split(":")
+    return getattr(importlib.import_module(module_name), function)(agent_module, algo_values, env_name)
+
+
 def load(name: str):
     """The agent module registered under ``name``."""
     if name not in AGENTS:

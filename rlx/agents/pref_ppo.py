@@ -74,7 +74,7 @@ METRICS_MAY_BE_NAN = ("reward_loss", "reward_model_accuracy")
 # ``update(state, index)`` takes the update number shared by all runs (see ``update``); the rlx runner passes it.
 UPDATE_TAKES_INDEX = True
 SELECTIONS = ("uniform", "disagreement", "entropy")
-TEACHERS = ("oracle", "stochastic", "mistake", "skip", "equal", "myopic")
+TEACHERS = ("oracle", "stochastic", "mistake", "skip", "equal", "myopic", "file")
 
 
 def static(default):
@@ -474,7 +474,7 @@ def teacher(config: Config, rewards0, rewards1, key):
         skipped = jnp.maximum(sum0, sum1) < config.teacher_skip_threshold
     elif config.teacher == "equal":
         label = jnp.where(jnp.abs(sum1 - sum0) < config.teacher_equal_threshold, 0.5, oracle)
-    elif config.teacher not in ("oracle", "myopic"):
+    elif config.teacher not in ("oracle", "myopic", "file"):
         raise ValueError(f"teacher={config.teacher!r}: must be one of {list(TEACHERS)}")
     return label, skipped
 
@@ -627,8 +627,32 @@ def action_spec(env, env_params):
     return int(np.prod(space.shape)), True, low, high
 
 
-def make(config: Config, env, env_params) -> Agent:
-    """Build preference-based PPO's pure functions for one environment."""
+class GivenLabels(NamedTuple):
+    """Labelled pairs from outside (a human's label file), for ``teacher="file"``.
+
+    ``obs0/obs1 [P, L, *obs_shape]``, ``action0/action1`` the environment's actions ``[P, L]``
+    (discrete) or ``[P, L, A]``, ``label [P]`` = P(second preferred) in {0, 0.5, 1}, ``mask [P]``
+    0 for skipped pairs. ``L`` need not be ``segment_length``.
+    """
+
+    obs0: Any
+    action0: Any
+    obs1: Any
+    action1: Any
+    label: Any
+    mask: Any
+
+
+def make(config: Config, env, env_params, given_labels: GivenLabels | None = None) -> Agent:
+    """Build preference-based PPO's pure functions for one environment.
+
+    With ``config.teacher == "file"``, ``given_labels`` (exactly ``budget`` pairs) fill the label
+    buffer from the start and feedback rounds only retrain the reward model on them.
+    """
+    if (config.teacher == "file") != (given_labels is not None):
+        raise ValueError("teacher='file' needs given_labels, and given_labels need teacher='file'")
+    if given_labels is not None and len(given_labels.label) != config.budget:
+        raise ValueError(f"budget={config.budget}: must equal the number of given labels ({len(given_labels.label)})")
     action_dim, continuous, low, high = action_spec(env, env_params)
     obs_shape = tuple(env.observation_space(env_params).shape)
     obs_rank = len(obs_shape)
@@ -694,9 +718,10 @@ def make(config: Config, env, env_params) -> Agent:
         if config.query_policy_aligned:  # QPA: one random contiguous crop per pair, on both segments
             len_key, start_key = jax.random.split(key)
             batch = label.shape[0]
-            length = jax.random.randint(len_key, (batch,), config.crop_min_length, L + 1)
-            start = jax.random.randint(start_key, (batch,), 0, L - length + 1)
-            t = jnp.arange(L)
+            full = r0.shape[-1]
+            length = jax.random.randint(len_key, (batch,), jnp.minimum(config.crop_min_length, full), full + 1)
+            start = jax.random.randint(start_key, (batch,), 0, full - length + 1)
+            t = jnp.arange(full)
             window = ((t >= start[:, None]) & (t < (start + length)[:, None])).astype(jnp.float32)
             r0, r1 = r0 * window, r1 * window
         return bradley_terry_loss(r0.sum(-1), r1.sum(-1), label, mask)
@@ -753,6 +778,11 @@ def make(config: Config, env, env_params) -> Agent:
     def ask_feedback(state: TrainState, new_segments: Segments, key):
         """One feedback round: choose queries, label them, store them and retrain the reward model."""
         pair_key, score_key, teacher_key, train_key = jax.random.split(key, 4)
+        if config.teacher == "file":  # every label is in the buffer already: retrain only
+            reward_params, reward_opt_state, loss = train_reward_model(
+                state.reward_params, state.reward_opt_state, state.labels, train_key
+            )
+            return state.labels, reward_params, reward_opt_state, loss.mean()
         if config.query_policy_aligned:
             source, count = new_segments, S_new
         else:
@@ -812,9 +842,18 @@ def make(config: Config, env, env_params) -> Agent:
             return Segments(jnp.zeros((n, L) + obs_shape), jnp.zeros((n, L, action_dim)), jnp.zeros((n, L)))
 
         pool = empty_segments(config.pool_segments)
-        stored = empty_segments(config.budget)
-        labels = Labels(stored.obs, stored.action, stored.obs, stored.action, jnp.zeros(config.budget),
-                        jnp.zeros(config.budget), jnp.asarray(0, jnp.int32))
+        if given_labels is None:
+            stored = empty_segments(config.budget)
+            labels = Labels(stored.obs, stored.action, stored.obs, stored.action, jnp.zeros(config.budget),
+                            jnp.zeros(config.budget), jnp.asarray(0, jnp.int32))
+        else:
+            g = given_labels
+            labels = Labels(
+                jnp.asarray(g.obs0, jnp.float32), action_features(jnp.asarray(g.action0)),
+                jnp.asarray(g.obs1, jnp.float32), action_features(jnp.asarray(g.action1)),
+                jnp.asarray(g.label, jnp.float32), jnp.asarray(g.mask, jnp.float32),
+                jnp.asarray(config.budget, jnp.int32),
+            )
         return TrainState(
             params=params,
             opt_state=optimizer.init(params),

@@ -37,9 +37,11 @@ def build(cfg, **run_overrides) -> Components:
 
     quiet_logs()
     algo_values = OmegaConf.to_container(cfg.algo, resolve=True)
-    agent_module = algorithms.load(algo_values.pop("name"))
+    algo_name = algo_values.pop("name")
+    agent_module = algorithms.load(algo_name)
     env_values = OmegaConf.to_container(cfg.env, resolve=True)
     env, env_params = registry.make(env_values["name"], env_values.get("options"), **(env_values.get("params") or {}))
+    agent_module = algorithms.bind_host_inputs(algo_name, agent_module, algo_values, env_values["name"])
     sweep_values = OmegaConf.to_container(cfg.sweep, resolve=True) if cfg.get("sweep") else {}
     grid = sweep.build_grid(sweep_values, algo_values, agent_module, loop.build_agent_config)
     settings_values = OmegaConf.to_container(cfg.run, resolve=True)
