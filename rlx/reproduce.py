@@ -122,15 +122,18 @@ def render(name: str, experiment: Experiment, rows: dict[str, dict], command: st
 
 
 # Tables of another shape, each with its own driver module: name -> module with reproduce(out, quick, skip_training).
+# name -> module with reproduce(out_dir, quick, skip_training); it writes into experiments/<its
+# EXPERIMENT_DIR, or the name>/
 CUSTOM = {"mapf_random": "rlx.envs.mapf.study", "mm_quoting": "rlx.envs.market.quoting_study",
-          "mm_event_vs_time": "rlx.envs.market.event_study"}
+          "mm_event_vs_time": "rlx.envs.market.event_study", "pbrl_feedback": "rlx.pbrl.feedback_study"}
 
 
 def reproduce(name: str, seeds: int, quick: bool, skip_training: bool = False) -> Path:
     if name in CUSTOM:
         import importlib
 
-        return importlib.import_module(CUSTOM[name]).reproduce(ROOT / "experiments" / name, quick, skip_training)
+        study = importlib.import_module(CUSTOM[name])
+        return study.reproduce(ROOT / "experiments" / getattr(study, "EXPERIMENT_DIR", name), quick, skip_training)
     if name not in EXPERIMENTS:
         raise UnknownNameError("experiment", name, sorted({**EXPERIMENTS, **CUSTOM}))
     experiment = EXPERIMENTS[name]

@@ -90,7 +90,8 @@ class Config:
 
     * ``reward_lr`` -- Adam step size of the reward model;
       ``reward_hidden_sizes`` / ``ensemble_size`` -- its MLPs (tanh output, so
-      ``r_hat`` is in [-1, 1]); ``reward_steps`` Adam steps per feedback round, each on
+      ``r_hat`` is in [-1, 1]; of the observation alone when ``reward_from_actions`` is
+      off); ``reward_steps`` Adam steps per feedback round, each on
       ``reward_batch_size`` labelled pairs drawn afresh from the label buffer.
     * ``segment_length`` (divides ``num_steps``), ``pool_segments`` (query pool
       capacity, at least one rollout's ``num_envs * num_steps / segment_length``).
@@ -145,6 +146,7 @@ class Config:
 
     ensemble_size: int = static(3)
     reward_hidden_sizes: tuple = static((64, 64))
+    reward_from_actions: bool = static(True)
     reward_steps: int = static(50)
     reward_batch_size: int = static(64)
     segment_length: int = static(16)
@@ -693,8 +695,10 @@ def make(config: Config, env, env_params, given_labels: GivenLabels | None = Non
         return jax.nn.one_hot(action, action_dim)
 
     def member_reward(member_params, obs, act_feat):
-        """r_hat of one member; ``obs [..., *obs_shape]``, ``act_feat [..., A]``."""
+        """r_hat of one member; ``obs [..., *obs_shape]``, ``act_feat [..., A]`` (zeroed for a state-only reward)."""
         batch_shape = act_feat.shape[:-1]
+        if not config.reward_from_actions:
+            act_feat = jnp.zeros_like(act_feat)
         x = jnp.concatenate([obs.astype(jnp.float32).reshape(batch_shape + (obs_size,)), act_feat], -1)
         return reward_net.apply(member_params, x)
 
