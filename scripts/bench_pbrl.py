@@ -6,10 +6,10 @@ Usage::
 
 Both train CartPole-v1 with the ``pref_ppo_cartpole`` preset's PPO settings (8 envs x 64 steps, 120
 updates, ``--seeds`` seeds vmapped in one program): plain PPO (``rlx/agents/ppo.py``) on the true
-reward, preference PPO (``rlx/agents/pref_ppo.py``) on a reward model learned from at most 200 oracle
-labels (3-member ensemble, 5 reward-model epochs per feedback round every 2 updates). Each is
-compiled first, then timed (median of ``--repeats``). Prints a markdown table with the ratio
-(target: preference PPO at most 1.5x plain PPO) and writes it to ``.bench/bench_pbrl.md``.
+reward, preference PPO (``rlx/agents/pref_ppo.py``) on a reward model learned from at most 100 oracle
+labels (3-member ensemble, 50 reward-model steps per feedback round, a round every 2 updates until the
+budget is spent). Each is compiled first, then timed (median of ``--repeats``). Prints a markdown table
+with the ratio (target: preference PPO at most 1.5x plain PPO) and writes it to ``.bench/bench_pbrl.md``.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = {
         "plain PPO (true reward)": timed_training(ppo, ppo.Config(**SHARED), args.seeds, args.repeats),
-        "preference PPO (<= 200 oracle labels)": timed_training(
+        "preference PPO (<= 100 oracle labels)": timed_training(
             pref_ppo, pref_ppo.cartpole_config(**SHARED), args.seeds, args.repeats),
     }
     base = rows["plain PPO (true reward)"][1]

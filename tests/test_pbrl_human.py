@@ -121,3 +121,20 @@ def test_cartpole_learns_from_the_label_file_alone(label_dir):
     assert np.all(np.asarray(metrics["labels_used"]) == 100)  # the file's labels, none asked
     # sampled training episodes (the greedy policy does better): a random policy averages about 22
     assert np.all(np.asarray(metrics["train_return"])[:, -5:].mean(1) > 80), metrics["train_return"][:, -5:]
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["algo.budget=5"], "algo.budget=5: budget smaller than one batch (queries_per_feedback)"),
+    (["algo.segment_length=640", "algo.num_steps=640"], "algo.segment_length=640: longer than an episode "
+                                                         "(max_steps_in_episode=500)"),
+])
+def test_bad_preference_settings_fail_before_compiling_naming_the_field(overrides, message):
+    from hydra import compose, initialize_config_dir
+
+    from rlx.runner import components
+    from rlx.train import CONF_DIR
+
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        with pytest.raises(ConfigError) as error:
+            components.build(compose("config", ["+exp=pref_ppo_cartpole", *overrides]))
+    assert str(error.value) == message

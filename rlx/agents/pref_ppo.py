@@ -47,8 +47,12 @@ truncated, info`` with auto-reset and ``info["final_observation"]``).
 Episodic tasks and learned rewards: a Bradley-Terry reward model is only known up
 to an additive constant, and that constant decides whether an agent whose return
 stops at termination wants to live or die. With ``bootstrap_on_termination``
-(default) terminations are therefore treated like truncations for PPO (the value
-of the true last state is bootstrapped), so only reward *differences* matter.
+(default) a termination does not end the return for PPO, so only reward
+*differences* matter. What follows it is set by ``termination_value``: ``last``
+(default) bootstraps the value of the state the episode ended in, as if the agent
+stayed there for good, collecting its learned reward; ``final`` bootstraps the
+value of the observation past the end (out of bounds, never a training input, so
+its value is an extrapolation that an agent can learn to exploit by falling fast).
 And when every step pays the same (CartPole pays 1 per step, including the step
 that falls) no teacher can tell segments apart; ``teacher_terminal_penalty`` is
 subtracted from the teacher's reward on terminating steps, so a scripted teacher
@@ -143,6 +147,7 @@ class Config:
     normalize_rewards: bool = static(False)
     clip_observations: float = static(10.0)
     bootstrap_on_termination: bool = static(True)
+    termination_value: str = static("last")
 
     ensemble_size: int = static(3)
     reward_hidden_sizes: tuple = static((64, 64))
@@ -238,6 +243,7 @@ def validate(config: Config) -> None:
         ("pretrain_updates", config.pretrain_updates >= 0, "must be >= 0"),
         ("entropy_k", 1 <= config.entropy_k < config.batch_size, "must be in [1, num_envs*num_steps)"),
         ("teacher", config.teacher in TEACHERS, f"must be one of {list(TEACHERS)}"),
+        ("termination_value", config.termination_value in ("last", "final"), "must be 'last' or 'final'"),
         ("teacher_beta", config.teacher_beta >= 0, "must be >= 0"),
         ("teacher_epsilon", 0 <= config.teacher_epsilon <= 1, "must be in [0, 1]"),
         ("teacher_equal_threshold", config.teacher_equal_threshold >= 0, "must be >= 0"),
@@ -247,6 +253,14 @@ def validate(config: Config) -> None:
     for field, ok, rule in rules:
         if not ok:
             raise ValueError(f"{field}={getattr(config, field)!r}: {rule}")
+
+
+def validate_for_env(config: Config, env, env_params) -> None:
+    """The checks that need the environment: a segment must fit inside one episode."""
+    horizon = getattr(env_params, "max_steps_in_episode", None)
+    if horizon is not None and config.segment_length > int(horizon):
+        raise ValueError(f"segment_length={config.segment_length}: longer than an episode "
+                         f"(max_steps_in_episode={int(horizon)})")
 
 
 # --------------------------------------------------------------------------- distributions
@@ -1017,6 +1031,8 @@ def make(config: Config, env, env_params, given_labels: GivenLabels | None = Non
 
         # 4. PPO on the learned reward
         next_values = apply(state.params, traj.final_obs, method=ActorCritic.value)
+        if config.bootstrap_on_termination and config.termination_value == "last":
+            next_values = jnp.where(traj.terminated > 0, traj.value, next_values)
         terminated = jnp.zeros_like(traj.terminated) if config.bootstrap_on_termination else traj.terminated
         advantages, targets = gae(
             train_reward, traj.value, next_values, terminated, traj.done, config.gamma, config.gae_lambda
@@ -1080,8 +1096,8 @@ def cartpole_config(**overrides) -> Config:
     """The CartPole-from-oracle-preferences settings of the command-line demo."""
     settings = dict(
         total_timesteps=61440, num_envs=8, num_steps=64, lr=2.5e-3, ent_coef=0.0, gamma=0.98, gae_lambda=0.9,
-        segment_length=16, pool_segments=256, num_candidates=64, queries_per_feedback=10, budget=200,
-        feedback_every=2, reward_steps=20, reward_batch_size=32, teacher="oracle", teacher_terminal_penalty=1.0,
+        segment_length=16, pool_segments=256, num_candidates=64, queries_per_feedback=10, budget=100,
+        feedback_every=2, reward_steps=50, reward_batch_size=32, teacher="oracle", teacher_terminal_penalty=1.0,
         eval_pairs=64, normalize_rewards=True,
     )
     settings.update(overrides)
@@ -1101,9 +1117,9 @@ def _cli():
     parser = argparse.ArgumentParser(description="Train preference-based PPO on gymnax CartPole-v1 (oracle teacher).")
     parser.add_argument("--timesteps", type=int, default=61440)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--budget", type=int, default=200)
+    parser.add_argument("--budget", type=int, default=100)
     parser.add_argument("--selection", default="disagreement", choices=SELECTIONS)
-    parser.add_argument("--teacher", default="oracle", choices=TEACHERS)
+    parser.add_argument("--teacher", default="oracle", choices=[t for t in TEACHERS if t != "file"])
     parser.add_argument("--qpa", action="store_true", help="query-policy-aligned queries and crop augmentation")
     args = parser.parse_args()
     env = CartPole()

@@ -122,11 +122,12 @@ def reproduce(out: Path, quick: bool, skip_training: bool, seeds: int = 5, tasks
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     configs = task_configs(quick)
-    results = {task: study_task(task, configs[task], 2 if quick else seeds, print)
-               for task in (tasks or configs)}
     suffix = "_quick" if quick else ""
-    (out / f"feedback{suffix}.json").write_text(json.dumps(results, indent=1))
-    path = out / f"feedback{suffix}.md"
-    path.write_text(markdown(results, 2 if quick else seeds, time.time() - started))
+    path, saved = out / f"feedback{suffix}.md", out / f"feedback{suffix}.json"
+    results = json.loads(saved.read_text()) if tasks and saved.is_file() else {}  # rerun some tasks, keep the rest
+    for task in tasks or configs:  # the files are rewritten after each task: a long study keeps what it has
+        results[task] = study_task(task, configs[task], 2 if quick else seeds, print)
+        saved.write_text(json.dumps(results, indent=1))
+        path.write_text(markdown(results, 2 if quick else seeds, time.time() - started))
     print(path.read_text())
     return path

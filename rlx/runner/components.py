@@ -33,6 +33,7 @@ def build(cfg, **run_overrides) -> Components:
 
     from rlx import algorithms
     from rlx.envs import registry
+    from rlx.errors import ConfigError
     from rlx.runner import loop, sweep
 
     quiet_logs()
@@ -44,6 +45,12 @@ def build(cfg, **run_overrides) -> Components:
     agent_module = algorithms.bind_host_inputs(algo_name, agent_module, algo_values, env_values["name"])
     sweep_values = OmegaConf.to_container(cfg.sweep, resolve=True) if cfg.get("sweep") else {}
     grid = sweep.build_grid(sweep_values, algo_values, agent_module, loop.build_agent_config)
+    check_for_env = getattr(agent_module, "validate_for_env", None)  # checks that need the environment
+    for config in grid.configs if check_for_env else ():
+        try:
+            check_for_env(config, env, env_params)
+        except ValueError as error:
+            raise ConfigError(f"algo.{error}") from None
     settings_values = OmegaConf.to_container(cfg.run, resolve=True)
     settings_values["progress"] = bool(cfg.logger.progress) if "logger" in cfg else False
     resume = settings_values.pop("resume", None)
