@@ -125,7 +125,8 @@ def render(name: str, experiment: Experiment, rows: dict[str, dict], command: st
 # name -> module with reproduce(out_dir, quick, skip_training); it writes into experiments/<its
 # EXPERIMENT_DIR, or the name>/
 CUSTOM = {"mapf_random": "rlx.envs.mapf.study", "mm_quoting": "rlx.envs.market.quoting_study",
-          "mm_event_vs_time": "rlx.envs.market.event_study", "pbrl_feedback": "rlx.pbrl.feedback_study"}
+          "mm_event_vs_time": "rlx.envs.market.event_study", "pbrl_feedback": "rlx.pbrl.feedback_study",
+          "pbrl_offline": "rlx.pbrl.offline_study"}
 
 
 def reproduce(name: str, seeds: int, quick: bool, skip_training: bool = False) -> Path:
