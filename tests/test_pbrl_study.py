@@ -15,10 +15,12 @@ def test_interval_is_the_normal_95_percent_half_width():
 @pytest.mark.slow
 def test_quick_cartpole_study_has_every_row_normalised_between_random_and_ppo(monkeypatch):
     monkeypatch.setattr(study, "BUDGETS", (10,))
+    monkeypatch.setattr(study, "TEACHERS", {"CartPole-v1": {"mistake": dict(teacher_epsilon=0.5)}})
     monkeypatch.setattr(study, "STRATEGIES", {"query-aligned": study.STRATEGIES["query-aligned"]})
     settings = study.task_configs(quick=True)["CartPole-v1"]
     rows = study.study_task("CartPole-v1", settings, seeds=2, log=lambda line: None)
-    assert list(rows) == ["random", "PPO, true reward", "query-aligned, 10 labels"]
+    assert list(rows) == ["random", "PPO, true reward", "query-aligned, 10 labels",
+                          "mistake teacher, uniform, 100 labels"]
     assert rows["random"]["normalized"] == 0.0 and rows["PPO, true reward"]["normalized"] == 1.0
     assert 12 < rows["random"]["mean"] < 40  # a uniformly random CartPole policy lasts about 22 steps
     for row in rows.values():

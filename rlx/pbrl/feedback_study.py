@@ -2,7 +2,8 @@
 
 For each task, trains ``rlx/agents/pref_ppo.py`` from a scripted oracle with label budgets
 {25, 50, 100, 200, 400} and three query strategies (uniform, ensemble disagreement, and
-query-policy-aligned uniform: QPA), plus plain PPO with the same settings on the true reward and
+query-policy-aligned uniform: QPA), then each B-Pref teacher (stochastic, mistake, skip, equal,
+myopic) at 100 labels with uniform queries, plus plain PPO with the same settings on the true reward and
 a uniformly random policy, with the same seeds (vmapped in one program per setting). Reports the
 greedy evaluation return (16 episodes per seed) and the score normalised between random (0) and
 PPO on the true reward (1): mean, 95% interval over seeds, per-seed values. Writes
@@ -22,6 +23,18 @@ BUDGETS = (25, 50, 100, 200, 400)
 STRATEGIES = {"uniform": dict(selection="uniform"), "disagreement": dict(selection="disagreement"),
               "query-aligned": dict(selection="uniform", query_policy_aligned=True)}
 EVAL_EPISODES = 16
+# Teacher robustness: each B-Pref teacher at one budget, uniform queries. Thresholds are per task, in
+# units of its 16-step segment returns (CartPole: 16 minus the falls; Pendulum: about -250 to 0).
+TEACHER_BUDGET = 100
+TEACHERS = {
+    "CartPole-v1": {"stochastic": dict(teacher_beta=1.0), "mistake": dict(teacher_epsilon=0.1),
+                    "skip": dict(teacher_skip_threshold=15.5),  # both segments fall: skipped
+                    "equal": dict(teacher_equal_threshold=1.5),  # one fall of difference: a tie
+                    "myopic": dict(teacher_gamma=0.9)},
+    "Pendulum-v1": {"stochastic": dict(teacher_beta=0.1), "mistake": dict(teacher_epsilon=0.1),
+                    "skip": dict(teacher_skip_threshold=-150.0), "equal": dict(teacher_equal_threshold=10.0),
+                    "myopic": dict(teacher_gamma=0.9)},
+}
 EXPERIMENT_DIR = "pbrl"
 # PPO settings shared by the preference agent and its true-reward reference
 PPO_FIELDS = ("total_timesteps", "num_envs", "num_steps", "num_epochs", "num_minibatches", "lr", "ent_coef",
@@ -99,6 +112,12 @@ def study_task(task: str, settings: dict, seeds: int, log) -> dict:
             started = time.time()
             rows[f"{strategy}, {budget} labels"] = returns = trained_returns(pref_ppo, config, env, params, seeds)
             log(f"{task}: {strategy} {budget}: {returns.mean():.1f} ({time.time() - started:.0f} s)")
+    for teacher, numbers in TEACHERS.get(task, {}).items():
+        config = pref_ppo.Config(**{**settings, **STRATEGIES["uniform"], **numbers, "teacher": teacher,
+                                    "budget": TEACHER_BUDGET})
+        rows[f"{teacher} teacher, uniform, {TEACHER_BUDGET} labels"] = returns = trained_returns(
+            pref_ppo, config, env, params, seeds)
+        log(f"{task}: {teacher} teacher: {returns.mean():.1f}")
     low, high = rows["random"].mean(), rows["PPO, true reward"].mean()
     return {label: {"returns": returns.tolist(), "mean": float(returns.mean()), "ci95": interval(returns),
                     "normalized": float((returns.mean() - low) / (high - low))} for label, returns in rows.items()}
