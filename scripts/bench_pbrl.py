@@ -8,7 +8,8 @@ Both train CartPole-v1 with the ``pref_ppo_cartpole`` preset's PPO settings (8 e
 updates, ``--seeds`` seeds vmapped in one program): plain PPO (``rlx/agents/ppo.py``) on the true
 reward, preference PPO (``rlx/agents/pref_ppo.py``) on a reward model learned from at most 100 oracle
 labels (3-member ensemble, 50 reward-model steps per feedback round, a round every 2 updates until the
-budget is spent). Each is compiled first, then timed (median of ``--repeats``). Prints a markdown table
+budget is spent; a third row with 10 steps per round shows what the reward model costs). Each is
+compiled first, then timed (median of ``--repeats``). Prints a markdown table
 with the ratio (target: preference PPO at most 1.5x plain PPO) and writes it to ``.bench/bench_pbrl.md``.
 """
 
@@ -56,6 +57,8 @@ def main() -> None:
         "plain PPO (true reward)": timed_training(ppo, ppo.Config(**SHARED), args.seeds, args.repeats),
         "preference PPO (<= 100 oracle labels)": timed_training(
             pref_ppo, pref_ppo.cartpole_config(**SHARED), args.seeds, args.repeats),
+        "preference PPO, 10 reward-model steps per round (preset: 50)": timed_training(
+            pref_ppo, pref_ppo.cartpole_config(**SHARED, reward_steps=10), args.seeds, args.repeats),
     }
     base = rows["plain PPO (true reward)"][1]
     lines = [f"Measured {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC} on {os.cpu_count()} CPU "
