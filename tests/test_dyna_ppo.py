@@ -174,4 +174,4 @@ def test_cartpole_learns_from_few_real_steps():
     assert int(state.env_steps) == 3072 and int(state.buffer.size) == 3072
     assert (metrics["imagined_length"] <= config.horizon).all()
     assert metrics["model_error_1step"][-1] < 0.05
-    assert metrics["train_return"][-1] > 60, metrics["train_return"]  # a random policy averages about 22
+    assert metrics["train_return"][-1] > 80, metrics["train_return"]  # a random policy averages about 22

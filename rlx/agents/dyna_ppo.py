@@ -42,8 +42,8 @@ ratio in use (both kinds of step together count once, i.e. it is
 ``grad_steps / real_steps_per_update``).
 
 Metrics per update (scalars): PPO's ``loss``, ``policy_loss``,
-``value_loss``, ``entropy``, ``approx_kl``, ``clip_fraction``, ``grad_norm``,
-``learning_rate`` (weighted like the loss between real and imagined data) and
+``value_loss``, ``entropy``, ``approx_kl``, ``clip_fraction`` and ``grad_norm``
+(each mixed between real and imagined data like the loss), ``learning_rate``,
 ``train_return`` (true undiscounted return of the last finished real episode,
 mean over envs, as in ``ppo.py``); ``model_loss`` (ensemble training loss,
 mean over members and this update's steps); ``model_error_1step`` (mean squared
@@ -58,7 +58,11 @@ reward); ``imagined_length`` (live steps per branch, mean); ``train_ratio``.
 Shape of the API (shared by every rlx agent): ``Config`` (a ``flax.struct``
 dataclass; numeric fields are pytree leaves, ``static`` fields shape the
 program), ``validate(config)``, ``make(config, env, env_params) -> Agent(init,
-update, act, value)`` and ``train(config, env, env_params, key)``. Environments
+update, act, value, model_step)`` and ``train(config, env, env_params, key)``;
+``state.policy`` is what ``act`` needs, as in ``ppo.py``. ``imagine`` is a
+module-level function that runs any batched model and policy; the agent's own
+``model_step(model_params, model_stats, obs, action, key)`` is the learned
+ensemble's step (each row through a random member). Environments
 follow the gymnax 1.0 API (``step`` returns ``obs, state, reward, terminated,
 truncated, info`` with auto-reset and ``info["final_observation"]``), with
 vector observations.
@@ -107,6 +111,8 @@ class Config:
     * ``num_branches`` imagined rollouts of ``horizon`` steps per update
       (``num_branches`` a multiple of ``ensemble_size``: each step, a random
       permutation splits the branches evenly between the members).
+    * ``start_window`` -- branch only from the newest ``start_window`` real
+      transitions (0: from the whole buffer).
     * ``real_fraction`` -- weight in [0, 1] of the real-data PPO loss.
     * ``train_ratio`` -- gradient steps on the model, and on the policy, per
       real environment step.
@@ -231,6 +237,7 @@ def validate(config: Config) -> None:
         ("holdout_size", 0 <= config.holdout_size < real, f"must be in [0, real_steps_per_update={real})"),
         ("buffer_size", config.buffer_size >= real, f"must be >= real_steps_per_update={real}"),
         ("horizon", config.horizon >= 1, "must be >= 1"),
+        ("start_window", config.start_window >= 0, "must be >= 0 (0: the whole buffer)"),
         ("num_branches", config.num_branches >= 1, "must be >= 1"),
         (
             "num_branches",
@@ -246,6 +253,13 @@ def validate(config: Config) -> None:
     for field, ok, rule in rules:
         if not ok:
             raise ValueError(f"{field}={getattr(config, field)!r}: {rule}")
+
+
+def validate_for_env(config: Config, env, env_params) -> None:
+    """The check that needs the environment: the dynamics model works on vector observations."""
+    shape = env.observation_space(env_params).shape
+    if len(shape) != 1:
+        raise ValueError(f"name='dyna_ppo': needs vector observations; this environment's have shape {shape}")
 
 
 # --------------------------------------------------------------------------- distributions
@@ -498,7 +512,8 @@ def imagined_advantages(trajectory: Imagined, values, next_values, gamma, lam):
 
 
 class Transition(NamedTuple):
-    obs: jax.Array
+    obs: jax.Array  # raw, for the model's buffer
+    policy_obs: jax.Array  # as the policy saw it (normalised with the statistics of that moment, if at all)
     action: jax.Array
     log_prob: jax.Array
     value: jax.Array
@@ -577,9 +592,8 @@ def action_spec(env, env_params):
 def make(config: Config, env, env_params) -> Agent:
     """Build Dyna-PPO's pure functions for one environment with vector observations."""
     action_dim, continuous, low, high = action_spec(env, env_params)
+    validate_for_env(config, env, env_params)
     obs_shape = env.observation_space(env_params).shape
-    if len(obs_shape) != 1:
-        raise ValueError(f"dyna_ppo needs vector observations; this environment's have shape {obs_shape}")
     obs_dim = obs_shape[0]
     network = ActorCritic(action_dim, continuous, tuple(config.hidden_sizes), config.activation, config.init_log_std)
     template = jax.eval_shape(network.init, jax.random.PRNGKey(0), jnp.zeros(obs_shape))
@@ -661,9 +675,10 @@ def make(config: Config, env, env_params) -> Agent:
         net_key, model_key, env_key, key = jax.random.split(key, 4)
         obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(env_key, config.num_envs), env_params)
         params, _ = ravel_pytree(network.init(net_key, jnp.zeros(obs_shape)))
-        model_params = jax.vmap(lambda k: ravel_pytree(model_net.init(k, model_in))[0])(
-            jax.random.split(model_key, num_members)
-        )
+        # lax.map, not vmap: a batched QR (orthogonal init) hangs jaxlib 0.10's CPU runtime under shard_map
+        # over several devices, as the rlx runner runs seeds on a multi-core CPU.
+        model_params = jax.lax.map(lambda k: ravel_pytree(model_net.init(k, model_in))[0],
+                                   jax.random.split(model_key, num_members))
         capacity = config.buffer_size
         buffer = Buffer(
             obs=jnp.zeros((capacity, obs_dim)),
@@ -711,7 +726,7 @@ def make(config: Config, env, env_params) -> Agent:
         done = jnp.logical_or(terminated, truncated).astype(jnp.float32)
         episode_return = state.episode_return + reward
         transition = Transition(
-            state.obs, action, log_prob, value, reward, terminated, done, info["final_observation"], env_action
+            state.obs, obs_in, action, log_prob, value, reward, terminated, done, info["final_observation"], env_action
         )
         state = state.replace(
             env_state=env_state,
@@ -737,9 +752,8 @@ def make(config: Config, env, env_params) -> Agent:
         )
 
     def by_age(buffer: Buffer, ages):
-        """Transitions ``ages`` writes back from the newest (age 0)."""
-        index = (buffer.position - 1 - ages) % config.buffer_size
-        return index
+        """Buffer indices of the transitions written ``ages`` writes before the newest (age 0)."""
+        return (buffer.position - 1 - ages) % config.buffer_size
 
     # ------------------------------------------------------------------ dynamics model
 
@@ -892,7 +906,7 @@ def make(config: Config, env, env_params) -> Agent:
         model_metrics = held_out_errors(model_params, stats, buffer)
 
         # 3. real batch: GAE on true rewards (as ppo.py); imagined batch: branches from buffer states
-        real_obs = prepare_obs(stats.obs, traj.obs)
+        real_obs = traj.policy_obs
         next_values = apply(state.params, prepare_obs(stats.obs, traj.final_obs), method=ActorCritic.value)
         advantages, targets = gae(
             traj.reward, traj.value, next_values, traj.terminated, traj.done, config.gamma, config.gae_lambda
