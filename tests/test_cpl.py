@@ -183,6 +183,7 @@ def test_bad_data_shapes_name_the_field():
         cpl.make(cpl.Config(), env, env.default_params, data._replace(pairs=data.pairs + 10))
 
 
+@pytest.mark.slow  # about 20 s cold; the vendoring test trains cpl.py to a threshold in the fast suite
 def test_cpl_learns_cartpole_from_preferences_and_beats_random():
     env = CartPole()
     params = env.default_params
