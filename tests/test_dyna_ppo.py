@@ -135,7 +135,9 @@ def test_dynamics_model_recovers_a_linear_system():
         (dict(real_fraction=1.5), "real_fraction=1.5: must be in [0, 1]"),
         (dict(train_ratio=0.0), "train_ratio=0.0: must be > 0"),
         (dict(train_ratio=0.3), "train_ratio=0.3: train_ratio*real_steps_per_update (=38.4 gradient steps"),
-        (dict(train_ratio=0.125, num_epochs=3), "train_ratio=0.125: train_ratio*real_steps_per_update (=16 gradient steps per update, real_steps_per_update=num_envs*num_steps=128) must be a whole multiple of num_epochs=3"),
+        (dict(train_ratio=0.125, num_epochs=3),
+         "train_ratio=0.125: train_ratio*real_steps_per_update (=16 gradient steps per update, "
+         "real_steps_per_update=num_envs*num_steps=128) must be a whole multiple of num_epochs=3"),
         (dict(num_branches=501), "num_branches=501: must be a multiple of ensemble_size=5"),
         (dict(holdout_size=128), "holdout_size=128: must be in [0, real_steps_per_update=128)"),
         (dict(buffer_size=100), "buffer_size=100: must be >= real_steps_per_update=128"),

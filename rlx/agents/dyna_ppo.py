@@ -81,7 +81,8 @@ from flax import struct
 from jax.flatten_util import ravel_pytree
 
 ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu, "elu": nn.elu, "gelu": nn.gelu, "swish": nn.swish}
-# Held-out metrics are NaN with ``holdout_size=0`` (nothing held out); a training loop should not treat them as divergence.
+# Held-out metrics are NaN with ``holdout_size=0`` (nothing held out); a training loop should not treat that
+# as divergence.
 METRICS_MAY_BE_NAN = ("model_error_1step", "reward_mse", "termination_accuracy")
 
 
