@@ -18,6 +18,16 @@ import numpy as np
 from rlx.runner import artifacts
 
 
+def t_interval(values) -> float:
+    """Half-width of the 95% Student-t interval of the mean of ``values`` (NaN for fewer than 2)."""
+    values = np.asarray(values, np.float64)
+    if len(values) < 2:
+        return float("nan")
+    from scipy import stats
+
+    return float(stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / np.sqrt(len(values)))
+
+
 @dataclass
 class Row:
     """One trained configuration: a run, or one point of a run's sweep."""

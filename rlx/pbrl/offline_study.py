@@ -35,6 +35,7 @@ EXPERIMENT_DIR = "pbrl"  # python -m rlx.reproduce pbrl_offline writes experimen
 import numpy as np
 
 from rlx.pbrl import datasets
+from rlx.report import t_interval
 
 METHODS = {"CPL": "cpl", "BC (all)": "bc_all", "BC (preferred)": "bc_preferred"}
 ENVS = ("cartpole", "acrobot", "pendulum")
@@ -45,16 +46,6 @@ LEARNER = {
 }
 FULL = dict(num_updates=2000, eval_episodes=16)
 QUICK = dict(num_updates=200, eval_episodes=4)
-
-
-def t_interval(values) -> float:
-    """Half-width of the 95% Student-t interval of the mean of ``values`` (NaN for fewer than 2)."""
-    values = np.asarray(values, np.float64)
-    if len(values) < 2:
-        return float("nan")
-    from scipy import stats
-
-    return float(stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / np.sqrt(len(values)))
 
 
 def run_study(out_dir, envs=ENVS, levels=datasets.LEVELS, seeds: int = 5, quick: bool = False,

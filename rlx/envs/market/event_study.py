@@ -35,6 +35,7 @@ import numpy as np
 
 from rlx.envs.market import baselines, book, rewards, synthetic
 from rlx.envs.market import data as data_lib
+from rlx.report import t_interval
 
 TRAIN_DAYS, TEST_DAYS, SEEDS = 8, 30, 5
 STEPPINGS = {"time": dict(interval=10.0, threshold_bps=2.0), "event": dict(interval=10.0, threshold_bps=2.0)}
@@ -282,7 +283,7 @@ def render(rows, per_day_rows, fit, days, train_count, seeds, quick, seconds) ->
     ]
     for (agent, reward_name, stepping), row in rows.items():
         pnl = np.atleast_1d(row["daily_pnl"])
-        interval = f" ± {_t_half_width(pnl):.2f}" if pnl.size > 1 else ""
+        interval = f" ± {t_interval(pnl):.2f}" if pnl.size > 1 else ""
         cells = [f"{pnl.mean():.2f}{interval}"] + [f"{np.mean(row[m]):.2f}" for m in
                                                    ("sharpe", "sortino", "max_drawdown", "map", "pnl_to_map")]
         cells += [f"{np.mean(row['fill_rate']):.3f}", f"{np.mean(row['trades']):.0f}"]
@@ -313,12 +314,6 @@ def render(rows, per_day_rows, fit, days, train_count, seeds, quick, seconds) ->
               f"decisions are in `results{suffix}.json` (`per_test_day`).", "", f"![equity](equity{suffix}.png)", "",
               f"![inventory](inventory{suffix}.png)", ""]
     return "\n".join(lines)
-
-
-def _t_half_width(values: np.ndarray) -> float:
-    from scipy import stats
-
-    return float(stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / np.sqrt(len(values)))
 
 
 def first_day_inventory(out) -> np.ndarray:
