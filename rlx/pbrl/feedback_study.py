@@ -63,13 +63,10 @@ def trained_returns(module, config, env, params, seeds: int) -> np.ndarray:
     from rlx.runner.evaluation import evaluate
 
     agent = module.make(config, env, params)
-    with_index = getattr(module, "UPDATE_TAKES_INDEX", False)
 
     def run(key):
         train_key, eval_key = jax.random.split(key)
-        state = agent.init(train_key)
-        state, _ = jax.lax.scan(lambda s, i: agent.update(s, i) if with_index else agent.update(s), state,
-                                jax.numpy.arange(config.num_updates))
+        state, _ = module.train(config, env, params, train_key)
         return evaluate(agent, env, params, state.policy, eval_key, EVAL_EPISODES, True).mean()
 
     return np.asarray(jax.jit(jax.vmap(run))(jax.random.split(jax.random.PRNGKey(0), seeds)), np.float64)
@@ -113,7 +110,7 @@ def study_task(task: str, settings: dict, seeds: int, log) -> dict:
             rows[f"{strategy}, {budget} labels"] = returns = trained_returns(pref_ppo, config, env, params, seeds)
             log(f"{task}: {strategy} {budget}: {returns.mean():.1f} ({time.time() - started:.0f} s)")
     for teacher, numbers in TEACHERS.get(task, {}).items():
-        config = pref_ppo.Config(**{**settings, **STRATEGIES["uniform"], **numbers, "teacher": teacher,
+        config = pref_ppo.Config(**{**settings, "selection": "uniform", **numbers, "teacher": teacher,
                                     "budget": TEACHER_BUDGET})
         rows[f"{teacher} teacher, uniform, {TEACHER_BUDGET} labels"] = returns = trained_returns(
             pref_ppo, config, env, params, seeds)
