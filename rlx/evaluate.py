@@ -15,6 +15,7 @@ import json
 import sys
 from pathlib import Path
 
+from rlx.cli_args import parse_key_values
 from rlx.errors import ConfigError
 
 OPTIONS = {"run_dir": None, "episodes": "16", "greedy": "true", "seed": "0", "render": "false", "render_steps": "200",
@@ -23,23 +24,8 @@ OPTIONS = {"run_dir": None, "episodes": "16", "greedy": "true", "seed": "0", "re
 
 def parse(argv: list[str]) -> dict:
     """key=value arguments, checked: unknown keys and bad values name the valid choices."""
-    values = dict(OPTIONS)
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        if not sep or key not in OPTIONS:
-            raise ConfigError(f"{arg!r}: expected key=value with key one of {', '.join(OPTIONS)}")
-        values[key] = value
-    if values["run_dir"] is None:
-        raise ConfigError("run_dir: missing; usage: python -m rlx.evaluate run_dir=DIR [episodes=N] [greedy=true]")
-    for key in ("greedy", "render"):
-        if values[key].lower() not in ("true", "false"):
-            raise ConfigError(f"{key}={values[key]}: must be true or false")
-        values[key] = values[key].lower() == "true"
-    for key in ("episodes", "seed", "render_steps"):
-        try:
-            values[key] = int(values[key])
-        except ValueError:
-            raise ConfigError(f"{key}={values[key]}: must be an integer") from None
+    values = parse_key_values(argv, OPTIONS, "python -m rlx.evaluate run_dir=DIR [episodes=N] [greedy=true]",
+                              integers=("episodes", "seed", "render_steps"), booleans=("greedy", "render"))
     if values["episodes"] < 1:
         raise ConfigError(f"episodes={values['episodes']}: must be >= 1")
     values["run_dir"] = Path(values["run_dir"])

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rlx.cli_args import parse_key_values
 from rlx.errors import ConfigError
 from rlx.pbrl.labels import ANSWERS, LabelError, append_label, read_labels
 from rlx.pbrl.queries import QueryFileError, known_segment_ids, load_queries, make_queries, save_queries
@@ -40,25 +41,11 @@ MAX_BODY_BYTES = 4096
 
 def parse(argv: list[str]) -> dict:
     """key=value arguments, checked: unknown keys and bad values name the valid choices."""
-    values = dict(OPTIONS)
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        if not sep or key not in OPTIONS:
-            raise ConfigError(f"{arg!r}: expected key=value with key one of {', '.join(OPTIONS)}")
-        values[key] = value
+    values = parse_key_values(argv, OPTIONS, "python -m rlx.label run_dir=DIR [env=CartPole-v1] [pairs=30]",
+                              integers=("pairs", "segment_length", "seed", "port"), booleans=("open",))
     values["given"] = {arg.partition("=")[0] for arg in argv}
-    if values["run_dir"] is None:
-        raise ConfigError("run_dir: missing; usage: python -m rlx.label run_dir=DIR [env=CartPole-v1] [pairs=30]")
-    for key in ("pairs", "segment_length", "seed", "port"):
-        try:
-            values[key] = int(values[key])
-        except ValueError:
-            raise ConfigError(f"{key}={values[key]}: must be an integer") from None
     if not 0 <= values["port"] <= 65535:
         raise ConfigError(f"port={values['port']}: must be in [0, 65535] (0: any free port)")
-    if values["open"].lower() not in ("true", "false"):
-        raise ConfigError(f"open={values['open']}: must be true or false")
-    values["open"] = values["open"].lower() == "true"
     values["run_dir"] = Path(values["run_dir"])
     return values
 
