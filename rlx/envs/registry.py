@@ -52,6 +52,8 @@ ENVIRONMENTS = {
     "market_quoting": ("rlx.envs.market.quoting", "QuotingEnv"),
     # Market making on order-book days (rlx/envs/market/book.py): 17 actions, queue positions, time or event steps.
     "market_book": ("rlx.envs.market.book", "make_book"),
+    # Procedurally generated sparse-reward maze (rlx/envs/maze.py): train on level ids [0, N), test on unseen ids.
+    "maze": ("rlx.envs.maze", "ProceduralMaze"),
     # Probe tasks with known answers (rlx/envs/probes.py), for debugging agents.
     "Probe-ConstantReward": ("rlx.envs.probes", "ConstantReward"),
     "Probe-ObservationReward": ("rlx.envs.probes", "ObservationReward"),

@@ -1,0 +1,153 @@
+"""Sample efficiency of imagination: ``python -m rlx.reproduce imagination_efficiency [--quick] [--seeds 5]``.
+
+For CartPole-v1 (target 475) and Acrobot-v1 (target -100), trains the ``dyna_ppo_*`` preset and the
+model-free ``ppo_*`` preset of the same task (both with 64x64 policy and value networks), 5 seeds
+vmapped in one program per preset, and evaluates the greedy policy (32 episodes per seed) every
+``EVAL_EVERY`` real environment steps. Reports, per seed, the real environment steps at which the
+evaluation return first reaches the target and the steps after which it stays there until the end of
+the budget; the medians and the ratio dyna_ppo / PPO; and the wall-clock seconds of each run (compile
+time apart). Writes ``experiments/imagination/sample_efficiency.md`` and ``.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+EXPERIMENT_DIR = "imagination"
+EVAL_EPISODES = 32
+EVAL_EVERY = 1024  # real env steps between evaluations (rounded up to whole updates)
+# task -> (target return, {row label: preset})
+TASKS = {
+    "CartPole-v1": (475.0, {"dyna_ppo": "dyna_ppo_cartpole", "PPO (model-free)": "ppo_cartpole"}),
+    "Acrobot-v1": (-100.0, {"dyna_ppo": "dyna_ppo_acrobot", "PPO (model-free)": "ppo_acrobot"}),
+}
+
+
+def preset_parts(preset: str, overrides: tuple[str, ...] = ()):
+    """The agent module, its Config, environment and parameters of ``+exp=preset`` (as ``rlx.train`` reads it)."""
+    from hydra import compose, initialize_config_dir
+
+    from rlx.reproduce import ROOT
+    from rlx.runner import components
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        cfg = compose("config", overrides=[f"+exp={preset}", *overrides])
+    parts = components.build(cfg)
+    return parts.agent_module, parts.grid.configs[0], parts.env, parts.env_params
+
+
+def evaluation_curve(preset: str, seeds: int, overrides: tuple[str, ...] = ()) -> dict:
+    """Greedy evaluation returns ``[evaluations, seeds]`` at the real env steps of each evaluation, and timings."""
+    import jax
+
+    from rlx.runner.evaluation import evaluate
+
+    module, config, env, params = preset_parts(preset, overrides)
+    agent = module.make(config, env, params)
+    steps_per_update = config.num_envs * config.num_steps
+    updates_per_eval = max(1, -(-EVAL_EVERY // steps_per_update))
+    evaluations = config.total_timesteps // (steps_per_update * updates_per_eval)
+
+    def chunk(state):
+        return jax.lax.scan(lambda s, _: (agent.update(s)[0], None), state, None, updates_per_eval)[0]
+
+    def score(state, key):
+        return jax.vmap(lambda policy, k: evaluate(agent, env, params, policy, k, EVAL_EPISODES, True).mean())(
+            state.policy, jax.random.split(key, seeds))
+
+    keys = jax.random.split(jax.random.PRNGKey(0), seeds)
+    started = time.time()
+    init, chunk, score = (jax.jit(jax.vmap(agent.init)).lower(keys).compile(),
+                          jax.jit(jax.vmap(chunk)), jax.jit(score))
+    state = init(keys)
+    chunk = chunk.lower(state).compile()
+    score = score.lower(state, keys[0]).compile()
+    compile_seconds = time.time() - started
+    returns, train_seconds, eval_key = [], 0.0, jax.random.PRNGKey(1)
+    for _ in range(evaluations):
+        started = time.time()
+        state = jax.block_until_ready(chunk(state))
+        train_seconds += time.time() - started
+        eval_key, key = jax.random.split(eval_key)
+        returns.append(np.asarray(score(state, key), np.float64))
+    steps = [(i + 1) * updates_per_eval * steps_per_update for i in range(evaluations)]
+    return {"steps": steps, "returns": np.stack(returns).tolist(), "compile_seconds": compile_seconds,
+            "train_seconds": train_seconds, "budget": steps[-1]}
+
+
+def steps_to_target(steps, returns, target: float) -> tuple[list, list]:
+    """Per seed: the first evaluation step at or above ``target``, and the first after which all are (None: never)."""
+    returns = np.asarray(returns)
+    first, settled = [], []
+    for seed in range(returns.shape[1]):
+        above = returns[:, seed] >= target
+        first.append(steps[int(np.argmax(above))] if above.any() else None)
+        stays = np.flip(np.cumprod(np.flip(above))).astype(bool)  # above from here to the end
+        settled.append(steps[int(np.argmax(stays))] if stays.any() else None)
+    return first, settled
+
+
+def median_steps(values: list) -> float:
+    """Median over seeds, counting a seed that never reached the target as infinitely many steps."""
+    return float(np.median([np.inf if v is None else v for v in values]))
+
+
+def markdown(results: dict, seeds: int, quick: bool) -> str:
+    fmt = lambda v: "never" if v is None or not np.isfinite(v) else f"{v / 1000:.1f}k"  # noqa: E731
+    lines = [f"Measured {time.strftime('%Y-%m-%d')} on this machine's CPU"
+             f"{' (--quick: tiny budgets, the numbers mean nothing)' if quick else ''}: real env steps until the "
+             f"greedy evaluation return ({EVAL_EPISODES} episodes per seed, every ~{EVAL_EVERY} steps) reaches the "
+             f"target, {seeds} seeds per row; 'stays' is the step after which every later evaluation is at or above "
+             "it. Wall-clock: all seeds of a row trained together (vmapped), compile excluded.", ""]
+    for task, rows in results.items():
+        target = TASKS[task][0]
+        lines += [f"### {task} (target {target:g})", "",
+                  "| agent | preset | budget | median steps to target (first / stays) | per seed (first) | "
+                  "final return (mean) | train s | compile s |", "|---|---|---:|---:|---|---:|---:|---:|"]
+        for label, row in rows.items():
+            lines.append(
+                f"| {label} | `{row['preset']}` | {row['budget'] / 1000:.1f}k | {fmt(row['median_first'])} / "
+                f"{fmt(row['median_settled'])} | {', '.join(fmt(v) for v in row['first'])} | "
+                f"{np.mean(row['returns'][-1]):.1f} | {row['train_seconds']:.0f} | {row['compile_seconds']:.0f} |")
+        dyna, ppo = rows["dyna_ppo"], rows["PPO (model-free)"]
+        ratio = dyna["median_first"] / ppo["median_first"] if np.isfinite(ppo["median_first"]) else float("nan")
+        settled = (dyna["median_settled"] / ppo["median_settled"]
+                   if np.isfinite(ppo["median_settled"]) else float("nan"))
+        verdict = lambda r: "HOLDS" if r <= 0.25 else "DOES NOT HOLD"  # noqa: E731
+        lines += ["", f"dyna_ppo / PPO env steps (medians): first {ratio:.2f}, stays {settled:.2f}"
+                  + (f". Target <= 0.25: {verdict(settled)} for reaching 475 to stay, {verdict(ratio)} for the "
+                     "first touch" if task == "CartPole-v1" else ""), ""]
+    return "\n".join(lines)
+
+
+def reproduce(out: Path, quick: bool, skip_training: bool, seeds: int = 5) -> Path:
+    """Train every row (``skip_training``: re-render the saved json), write ``sample_efficiency{_quick}.md`` / ``.json`` into ``out``; the path of the table."""
+    out.mkdir(parents=True, exist_ok=True)
+    seeds = 2 if quick else seeds
+    suffix = "_quick" if quick else ""
+    saved = out / f"sample_efficiency{suffix}.json"
+    if skip_training:  # re-render the table from the saved curves
+        return write_table(out / f"sample_efficiency{suffix}.md", json.loads(saved.read_text()), quick)
+    results = {}
+    for task, (target, presets) in TASKS.items():
+        results[task] = {}
+        for label, preset in presets.items():
+            overrides = ("algo.total_timesteps=4096",) if quick else ()
+            curve = evaluation_curve(preset, seeds, overrides)
+            first, settled = steps_to_target(curve["steps"], curve["returns"], target)
+            results[task][label] = {"preset": preset, **curve, "first": first, "settled": settled,
+                                    "median_first": median_steps(first), "median_settled": median_steps(settled)}
+            print(f"{task} {label}: first {first}, stays {settled} ({curve['train_seconds']:.0f} s)", flush=True)
+    saved.write_text(json.dumps(results, indent=1))
+    return write_table(out / f"sample_efficiency{suffix}.md", results, quick)
+
+
+def write_table(path: Path, results: dict, quick: bool) -> Path:
+    seeds = len(next(iter(next(iter(results.values())).values()))["first"])
+    path.write_text(markdown(results, seeds, quick))
+    print(path.read_text())
+    return path
