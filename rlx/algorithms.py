@@ -12,6 +12,7 @@ from rlx.errors import UnknownNameError
 
 AGENTS = {
     "a2c": "rlx.agents.a2c",
+    "dreamer": "rlx.agents.dreamer",
     "dyna_ppo": "rlx.agents.dyna_ppo",
     "map_policy": "rlx.agents.map_policy",
     "mappo": "rlx.agents.mappo",

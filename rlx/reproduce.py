@@ -127,7 +127,8 @@ def render(name: str, experiment: Experiment, rows: dict[str, dict], command: st
 CUSTOM = {"mapf_random": "rlx.envs.mapf.study", "mm_quoting": "rlx.envs.market.quoting_study",
           "mm_event_vs_time": "rlx.envs.market.event_study", "pbrl_feedback": "rlx.pbrl.feedback_study",
           "pbrl_offline": "rlx.pbrl.offline_study",
-          "imagination_efficiency": "rlx.imagination.sample_efficiency"}
+          "imagination_efficiency": "rlx.imagination.sample_efficiency",
+          "imagination_generalization": "rlx.imagination.generalization"}
 
 
 def reproduce(name: str, seeds: int, quick: bool, skip_training: bool = False) -> Path:
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="tiny budgets: check the plumbing, numbers meaningless")
     parser.add_argument("--skip-training", action="store_true",
                         help="mapf_random, mm_quoting: evaluate the runs already in experiments/NAME/runs instead of "
-                        "training; imagination_efficiency: re-render the table from its saved json")
+                        "training; imagination_*: re-render the table from its saved json")
     args = parser.parse_args(argv)
     from rlx.runner import compile_cache
 

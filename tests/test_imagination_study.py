@@ -40,3 +40,49 @@ def test_table_names_the_ratio_and_the_target():
     table = study.markdown(results, 2, quick=False)
     assert "first 0.25, stays 0.17" in table and "HOLDS for reaching 475 to stay" in table
     assert "| dyna_ppo | `p` | 8.2k | 1.5k / 2.0k | 1.0k, 2.0k |" in table
+
+
+# --------------------------------------------------------------------------- generalization with dreams
+
+
+def test_level_sets_of_the_generalization_study_are_disjoint():
+    from rlx.envs import registry
+    from rlx.imagination import generalization
+
+    env, _ = registry.make("maze")
+    train = generalization.level_params(env, 256)
+    test = generalization.level_params(env, 0, generalization.TEST_OFFSET)
+    assert (train.num_levels, train.level_offset) == (256, 0)
+    assert test.num_levels == 0 and test.level_offset >= max(generalization.LEVEL_COUNTS)  # unlimited, unseen ids
+    assert generalization.EVAL_STEPS == env.default_params.max_steps_in_episode
+
+
+def test_generalization_table_reports_gap_and_optimum():
+    from rlx.imagination import generalization
+
+    row = generalization.summarize(np.array([0.5, 0.7]), np.array([0.2, 0.4]))
+    assert np.isclose(row["train_mean"], 0.6) and np.isclose(row["test_mean"], 0.3)
+    results = {"16": {"classic imagination": row, "optimal (shortest path)": {"train": 0.9, "test": 0.91}}}
+    settings = {"quick": False, "seeds": 2, "real_steps": 100, "grad_steps": 10, "minutes": 1.0}
+    table = generalization.markdown(results, settings)
+    assert "| classic imagination | 0.600 ± " in table and "| +0.300 | 0.20, 0.40 |" in table
+    assert "| optimal (shortest path) | 0.900 | 0.910 | | |" in table
+
+
+def test_optimal_return_of_training_levels_matches_a_bfs_by_hand():
+    from rlx.envs import maze, registry
+    from rlx.imagination import generalization
+
+    env, _ = registry.make("maze")
+    train, _ = generalization.optimal_returns(env, 4)
+    by_hand = []
+    for level in range(4):
+        walls, start, goal = (np.asarray(x) for x in maze.generate_level(level, env.size, 0.3))
+        distance, frontier, seen = 0, [tuple(start)], {tuple(start)}
+        while tuple(goal) not in seen:
+            distance += 1
+            frontier = [(r + dr, c + dc) for r, c in frontier for dr, dc in maze.MOVES
+                        if not walls[r + dr, c + dc] and (r + dr, c + dc) not in seen]
+            seen.update(frontier)
+        by_hand.append(1 - 0.9 * distance / 64)
+    assert np.isclose(train, np.mean(by_hand), atol=1e-5)

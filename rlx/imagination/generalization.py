@@ -1,0 +1,229 @@
+"""Generalization with dreams: ``python -m rlx.reproduce imagination_generalization [--quick] [--skip-training]``.
+
+On the procedurally generated, sparsely rewarded maze (``rlx/envs/maze.py``, 9x9, reward ``1 - 0.9 t/64``
+on reaching the goal), for each number of training levels N in {16, 64, 256} and each seed:
+
+1. a uniformly random policy collects ``REAL_STEPS`` real steps on the N training levels (level ids
+   ``[0, N)``) -- the only real experience the imagination methods get;
+2. on exactly that data, ``rlx/agents/dreamer.py`` trains its world model and an actor-critic for
+   ``GRAD_STEPS`` gradient steps in three ways: **dream-augmented imagination** (``DREAMS``: noise,
+   interpolation between episodes' states and a steady push toward unseen states, all at once),
+   **classic imagination** (no augmentation) and **offline** actor-critic on the collected sequences
+   themselves (``actor_source=replay``: same networks and losses, no imagination);
+3. model-free PPO (``rlx/agents/ppo.py``) trains online for the same number of real steps on the same
+   N levels;
+4. every policy plays ``EVAL_EPISODES`` episodes (sampled actions: a deterministic policy without a clock
+   can loop forever in a maze) on the training levels and on unseen levels (ids from 1,000,000 on).
+
+The table reports train-level and test-level returns (mean over seeds with a 95% Student-t interval
+over seeds) beside the random policy's and the optimal policy's (shortest path) returns, and the
+generalization gap. Writes ``experiments/imagination/generalization.md`` and ``.json``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+EXPERIMENT_DIR = "imagination"
+LEVEL_COUNTS = (16, 64, 256)
+TEST_OFFSET = 1_000_000  # unseen levels: ids from here on, never drawn in training
+REAL_STEPS = 16_384  # real env steps of experience per seed (32 envs x 512 steps)
+COLLECT_ENVS = 32
+GRAD_STEPS = 4_000  # world-model and actor-critic gradient steps on the collected data
+EVAL_EPISODES = 256
+EVAL_STEPS = 64  # the maze's max_steps_in_episode (the level sets are traced, so it is passed explicitly)
+SEEDS = 3  # about 40 min on 2 CPU cores; more seeds narrow the intervals (--seeds does not reach custom studies)
+DREAMS = dict(dream_noise=0.5, dream_interpolation=0.5, dream_perturbation=0.25)
+METHODS = {  # row label -> dreamer settings
+    "dream-augmented imagination": DREAMS,
+    "classic imagination": {},
+    "offline actor-critic on the collected data (no imagination)": dict(actor_source="replay"),
+}
+PPO_ROW = "model-free PPO, same real steps (online)"
+# Dreamer settings for the 9x9x3 maze: the world model reads the flattened grid.
+DREAMER = dict(num_envs=COLLECT_ENVS, num_steps=16, capacity_steps=REAL_STEPS // COLLECT_ENVS, batch_size=8,
+               seq_len=32, horizon=15, gamma=0.97, ent_coef=3e-3, train_ratio=1 / 512)
+PPO = dict(num_envs=16, num_steps=64, num_epochs=4, num_minibatches=4, lr=5e-4, ent_coef=0.01, gamma=0.97,
+           hidden_sizes=(64, 64))
+
+
+def level_params(env, num_levels: int, offset: int = 0):
+    """The maze's parameters for a level set: ids ``[offset, offset + num_levels)`` (0: unlimited)."""
+    return env.default_params.replace(num_levels=num_levels, level_offset=offset)
+
+
+def uniform_policy(num_actions: int):
+    """An ``act`` with the interface ``rlx.runner.evaluation.evaluate`` expects, ignoring its policy."""
+    import jax
+
+    class Uniform:
+        @staticmethod
+        def act(policy, obs, key, greedy=False):
+            return jax.random.randint(key, obs.shape[:1], 0, num_actions)
+
+    return Uniform
+
+
+def dreamer_rows(env, num_levels: int, seeds: int, grad_steps: int, real_steps: int) -> dict:
+    """Train-level and test-level returns per seed ``{label: (train [seeds], test [seeds])}`` of each method."""
+    import jax
+
+    from rlx.agents import dreamer
+
+    train_params, test_params = level_params(env, num_levels), level_params(env, 0, TEST_OFFSET)
+    program = dreamer_program(env, grad_steps, real_steps)
+    keys = jax.random.split(jax.random.PRNGKey(num_levels), seeds)  # the same keys, so the same data, per method
+    rows = {}
+    for label, settings in METHODS.items():
+        config = dreamer.Config(**DREAMER).replace(**settings)
+        dreamer.validate(config)
+        started = time.time()
+        train, test = program(config, train_params, test_params, keys)
+        rows[label] = (np.asarray(train, np.float64), np.asarray(test, np.float64))
+        print(f"N={num_levels} {label}: train {rows[label][0].mean():.3f}, test {rows[label][1].mean():.3f} "
+              f"({time.time() - started:.0f} s)", flush=True)
+    return rows
+
+
+@functools.lru_cache
+def dreamer_program(env, grad_steps: int, real_steps: int):
+    """``(config, train_params, test_params, keys) -> (train returns, test returns)`` per key, jitted once.
+
+    The config and the level sets are arguments, not constants, so methods that differ only in numeric
+    fields (the dream strengths) and the level counts share one compiled program.
+    """
+    import jax
+
+    from rlx.agents import dreamer
+    from rlx.runner.evaluation import evaluate
+
+    def run(config, train_params, test_params, key):
+        agent = dreamer.make(config, env, train_params)
+        data_key, init_key, train_key, eval_key = jax.random.split(key, 4)
+        dataset = agent.collect(agent.init(data_key), None, real_steps // COLLECT_ENVS)[1]
+        state = agent.fill(agent.init(init_key), dataset)
+        learner, _ = jax.lax.scan(lambda l, k: agent.train_step(l, state.buffer, k), state.learner,
+                                  jax.random.split(train_key, grad_steps))
+        policy = state.replace(learner=learner).policy
+        on = lambda params, k: evaluate(agent, env, params, policy, k, EVAL_EPISODES, False, EVAL_STEPS).mean()  # noqa: E731
+        train_key, test_key = jax.random.split(eval_key)
+        return on(train_params, train_key), on(test_params, test_key)
+
+    return jax.jit(jax.vmap(run, in_axes=(None, None, None, 0)))
+
+
+def reference_rows(env, num_levels: int, seeds: int, real_steps: int) -> dict:
+    """Model-free PPO (online, ``real_steps``) and the uniformly random policy, same evaluation."""
+    import jax
+
+    train_params, test_params = level_params(env, num_levels), level_params(env, 0, TEST_OFFSET)
+    keys = jax.random.split(jax.random.PRNGKey(7), seeds)
+    ppo_train, ppo_test, random_train, random_test = (
+        np.asarray(x, np.float64) for x in reference_program(env, real_steps)(train_params, test_params, keys))
+    return {PPO_ROW: (ppo_train, ppo_test), "uniformly random policy": (random_train, random_test)}
+
+
+@functools.lru_cache
+def reference_program(env, real_steps: int):
+    """``(train_params, test_params, keys) -> PPO train, PPO test, random train, random test`` returns per key."""
+    import jax
+
+    from rlx.agents import ppo
+    from rlx.runner.evaluation import evaluate
+
+    config = ppo.Config(**PPO, total_timesteps=real_steps)
+    random_agent = uniform_policy(env.num_actions)
+
+    def run(train_params, test_params, key):
+        agent = ppo.make(config, env, train_params)
+        train_key, eval_key = jax.random.split(key)
+        state, _ = ppo.train(config, env, train_params, train_key)
+        keys = jax.random.split(eval_key, 4)
+        return (evaluate(agent, env, train_params, state.policy, keys[0], EVAL_EPISODES, False, EVAL_STEPS).mean(),
+                evaluate(agent, env, test_params, state.policy, keys[1], EVAL_EPISODES, False, EVAL_STEPS).mean(),
+                evaluate(random_agent, env, train_params, None, keys[2], EVAL_EPISODES, False, EVAL_STEPS).mean(),
+                evaluate(random_agent, env, test_params, None, keys[3], EVAL_EPISODES, False, EVAL_STEPS).mean())
+
+    return jax.jit(jax.vmap(run, in_axes=(None, None, 0)))
+
+
+def optimal_returns(env, num_levels: int) -> tuple[float, float]:
+    """Mean shortest-path return of the training levels and of 1,024 unseen levels."""
+    import jax
+
+    from rlx.envs import maze
+
+    horizon = int(env.default_params.max_steps_in_episode)
+
+    def optimal(level_id):
+        walls, agent_pos, goal_pos = maze.generate_level(level_id, env.size, env.default_params.wall_density)
+        return maze.optimal_return(walls, agent_pos, goal_pos, horizon)
+
+    per_level = jax.jit(jax.vmap(optimal))
+    return (float(per_level(np.arange(num_levels)).mean()),
+            float(per_level(TEST_OFFSET + np.arange(1024)).mean()))
+
+
+def summarize(train: np.ndarray, test: np.ndarray) -> dict:
+    from rlx.report import t_interval
+
+    return {"train": train.tolist(), "test": test.tolist(), "train_mean": float(train.mean()),
+            "test_mean": float(test.mean()), "train_ci95": t_interval(train), "test_ci95": t_interval(test)}
+
+
+def markdown(results: dict, settings: dict) -> str:
+    lines = [f"Measured {time.strftime('%Y-%m-%d')} on this machine's CPU"
+             f"{' (--quick: tiny budgets, the numbers mean nothing)' if settings['quick'] else ''}: "
+             f"{settings['seeds']} seeds, {settings['real_steps']:,} real steps of uniformly random experience per "
+             f"seed, {settings['grad_steps']:,} gradient steps; returns of sampled actions over "
+             f"{EVAL_EPISODES} episodes per seed on the training levels and on unseen levels; mean ± 95% "
+             f"Student-t interval over seeds; gap = train - test. Dream strengths: {DREAMS}. "
+             f"{settings['minutes']:.0f} min.", ""]
+    for n, rows in results.items():
+        optimum = rows.get("optimal (shortest path)")
+        lines += [f"### N = {n} training levels", "",
+                  "| method | train levels | unseen levels | gap | test per seed |", "|---|---:|---:|---:|---|"]
+        for label, row in rows.items():
+            if row is optimum:
+                continue
+            lines.append(f"| {label} | {row['train_mean']:.3f} ± {row['train_ci95']:.3f} | "
+                         f"{row['test_mean']:.3f} ± {row['test_ci95']:.3f} | "
+                         f"{row['train_mean'] - row['test_mean']:+.3f} | "
+                         f"{', '.join(f'{v:.2f}' for v in row['test'])} |")
+        if optimum:
+            lines.append(f"| optimal (shortest path) | {optimum['train']:.3f} | {optimum['test']:.3f} | | |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def reproduce(out: Path, quick: bool, skip_training: bool, seeds: int = SEEDS) -> Path:
+    """Run every N (``skip_training``: re-render the saved json) and write ``generalization{_quick}.md``/``.json``."""
+    from rlx.envs import registry
+
+    out.mkdir(parents=True, exist_ok=True)
+    suffix = "_quick" if quick else ""
+    saved, path = out / f"generalization{suffix}.json", out / f"generalization{suffix}.md"
+    if skip_training:
+        results = json.loads(saved.read_text())
+        path.write_text(markdown(results["results"], results["settings"]))
+        return path
+    settings = {"quick": quick, "seeds": 2 if quick else seeds, "real_steps": 2048 if quick else REAL_STEPS,
+                "grad_steps": 20 if quick else GRAD_STEPS, "minutes": 0.0}
+    env, _ = registry.make("maze")
+    started, results = time.time(), {}
+    for n in LEVEL_COUNTS:  # the files are rewritten after each N: a long study keeps what it has
+        rows = {**dreamer_rows(env, n, settings["seeds"], settings["grad_steps"], settings["real_steps"]),
+                **reference_rows(env, n, settings["seeds"], settings["real_steps"])}
+        results[str(n)] = {label: summarize(*values) for label, values in rows.items()}
+        train_opt, test_opt = optimal_returns(env, n)
+        results[str(n)]["optimal (shortest path)"] = {"train": train_opt, "test": test_opt}
+        settings["minutes"] = (time.time() - started) / 60
+        saved.write_text(json.dumps({"settings": settings, "results": results}, indent=1))
+        path.write_text(markdown(json.loads(saved.read_text())["results"], settings))
+    print(path.read_text())
+    return path
