@@ -128,7 +128,8 @@ CUSTOM = {"mapf_random": "rlx.envs.mapf.study", "mm_quoting": "rlx.envs.market.q
           "mm_event_vs_time": "rlx.envs.market.event_study", "pbrl_feedback": "rlx.pbrl.feedback_study",
           "pbrl_offline": "rlx.pbrl.offline_study",
           "imagination_efficiency": "rlx.imagination.sample_efficiency",
-          "imagination_generalization": "rlx.imagination.generalization"}
+          "imagination_generalization": "rlx.imagination.generalization",
+          "imagination_model_error": "rlx.imagination.model_error"}
 
 
 def reproduce(name: str, seeds: int, quick: bool, skip_training: bool = False) -> Path:

@@ -86,3 +86,34 @@ def test_optimal_return_of_training_levels_matches_a_bfs_by_hand():
             seen.update(frontier)
         by_hand.append(1 - 0.9 * distance / 64)
     assert np.isclose(train, np.mean(by_hand), atol=1e-5)
+
+
+# --------------------------------------------------------------------------- prediction error against horizon
+
+
+def test_copy_last_error_counts_only_sequences_still_in_their_episode():
+    from types import SimpleNamespace
+
+    from rlx.imagination import model_error
+
+    context, horizons = model_error.CONTEXT, model_error.HORIZONS
+    steps = context + max(horizons)
+    obs = np.zeros((steps, 2, 1))
+    obs[:, 0, 0] = np.arange(steps)  # sequence 0 drifts by 1 per step: error h**2 at horizon h
+    obs[:, 1, 0] = 100.0 * np.arange(steps)  # sequence 1 starts a new episode right after the context
+    is_first = np.zeros((steps, 2))
+    is_first[context, 1] = 1.0
+    errors = model_error.copy_last_error(SimpleNamespace(obs=obs, is_first=is_first))
+    np.testing.assert_allclose(errors, [h**2 for h in horizons])
+
+
+def test_model_error_table_and_plot(tmp_path):
+    from rlx.imagination import model_error
+
+    results = {"horizons": [1, 2], "rows": {"CartPole-v1: m": [[0.1, 0.2], [0.3, 0.4]], "maze: n": [[1.0, 2.0]]},
+               "reward_error": {"r": [0.5, 1.5]}, "settings": {"quick": False, "grad_steps": 1, "real_steps": 1,
+                                                               "seeds": 2}}
+    table = model_error.markdown(results)
+    assert "| CartPole-v1: m | 0.2000 | 0.3000 |" in table and "- r: 1" in table
+    model_error.plot(results, tmp_path / "e.png")
+    assert (tmp_path / "e.png").stat().st_size > 1000

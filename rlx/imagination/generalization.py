@@ -34,10 +34,10 @@ LEVEL_COUNTS = (16, 64, 256)
 TEST_OFFSET = 1_000_000  # unseen levels: ids from here on, never drawn in training
 REAL_STEPS = 16_384  # real env steps of experience per seed (32 envs x 512 steps)
 COLLECT_ENVS = 32
-GRAD_STEPS = 4_000  # world-model and actor-critic gradient steps on the collected data
+GRAD_STEPS = 2_500  # world-model and actor-critic gradient steps on the collected data
 EVAL_EPISODES = 256
 EVAL_STEPS = 64  # the maze's max_steps_in_episode (the level sets are traced, so it is passed explicitly)
-SEEDS = 3  # about 40 min on 2 CPU cores; more seeds narrow the intervals (--seeds does not reach custom studies)
+SEEDS = 3  # about 35 min on 2 CPU cores; more seeds narrow the intervals (--seeds does not reach custom studies)
 DREAMS = dict(dream_noise=0.5, dream_interpolation=0.5, dream_perturbation=0.25)
 METHODS = {  # row label -> dreamer settings
     "dream-augmented imagination": DREAMS,
