@@ -35,7 +35,7 @@ $(POGEMA_STAMP):
 pogema: $(POGEMA_STAMP)  ## the POGEMA venv alone
 
 test: $(DEV_STAMP) $(POGEMA_STAMP)  ## install with dev extras and run the fast suite
-	$(BIN)/python -m pytest -m "not slow" tests
+	$(BIN)/python -m pytest -m "not slow" --durations=15 tests
 
 test-all: $(DEV_STAMP) $(POGEMA_STAMP)  ## every test, the slow ones included
 	$(BIN)/python -m pytest tests
