@@ -46,7 +46,7 @@ from gymnax.environments.classic_control.cartpole import CartPole  # noqa: E402
 from rlx.agents import dyna_ppo  # noqa: E402
 
 UPDATES = 8  # updates per timed program
-PRESETS = ("dyna_ppo_cartpole", "dyna_ppo_acrobot", "dreamer_cartpole", "dreamer_maze")
+PRESETS = ("dyna_ppo_cartpole", "dyna_ppo_acrobot", "dreamer_cartpole", "dreamer_maze")  # CPU presets (dreamer_maze_gpu: too slow to run here)
 
 
 def dyna_imagination(env, seeds: int):
