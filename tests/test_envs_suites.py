@@ -155,6 +155,7 @@ def test_missing_brax_gives_one_line_install_hint(monkeypatch):
     assert registry.installed("Breakout-MinAtar")
 
 
+@pytest.mark.slow  # ~20 s; the Brax adapter's own tests above stay in the fast suite
 @needs_brax
 def test_cli_trains_ppo_on_brax(run_cli, tmp_path):
     done = run_cli("+exp=ppo_brax", "algo.total_timesteps=256", "algo.num_envs=4", "algo.num_steps=32",

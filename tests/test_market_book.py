@@ -232,6 +232,7 @@ def test_bad_options_give_clear_errors():
         book.build_params([day], "time", interval=0.0)
 
 
+@pytest.mark.slow  # ~18 s; the environment's own tests stay in the fast suite
 def test_book_preset_trains_through_the_cli(run_cli, tmp_path):
     import json
 
