@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from rlx.envs.mapf.env import distance_fields
 from rlx.envs.registry import import_env_module
 from rlx.errors import ConfigError
 
@@ -137,28 +138,15 @@ def generate_level(level_id, size: int = 9, wall_density=0.3):
 
 
 # -- distances ----------------------------------------------------------------------------------
-def _dilate(cells):
-    """bool grid: ``cells`` plus their 4-neighbours (no wrap-around at the edges)."""
-    padded = jnp.pad(cells, 1)
-    return cells | padded[:-2, 1:-1] | padded[2:, 1:-1] | padded[1:-1, :-2] | padded[1:-1, 2:]
-
-
 def distance_map(walls, start) -> jax.Array:
     """int32[size, size]: BFS step counts from ``start`` over free cells; -1 where unreachable.
 
-    Breadth-first search as repeated dilation of the reached set (a
-    ``while_loop`` over fixed-shape grids), so it runs under jit and vmap.
+    The breadth-first search is MAPF's ``distance_fields`` (fixed-shape relaxations in a
+    ``while_loop``, so it runs under jit and vmap); on a 4-connected grid the distance to
+    ``start`` is the distance from it.
     """
-    reached = jnp.zeros(walls.shape, bool).at[start[0], start[1]].set(True)
-    distances = jnp.where(reached, 0, -1).astype(jnp.int32)
-
-    def grow(carry):
-        reached, distances, step, _ = carry
-        new = _dilate(reached) & ~walls & ~reached
-        return reached | new, jnp.where(new, step, distances), step + 1, new.any()
-
-    _, distances, _, _ = jax.lax.while_loop(lambda c: c[3], grow, (reached, distances, jnp.int32(1), True))
-    return distances
+    distances = distance_fields(walls, start[None], walls.shape)[0]
+    return jnp.where(distances >= walls.size, -1, distances)  # distance_fields marks unreachable as H * W
 
 
 def reachable(walls, start) -> jax.Array:
