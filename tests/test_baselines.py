@@ -1,4 +1,4 @@
-"""Reference policies (rlx/baselines/multi_agent.py) and the reproduce driver's plumbing."""
+"""Reference policies (rlx/baselines/) and the reproduce driver's plumbing."""
 
 import importlib.util
 import itertools
@@ -90,3 +90,19 @@ def test_reproduce_unknown_experiment_lists_valid(capsys):
         main(["no_such_table"])
     assert exit_info.value.code == 2
     assert "mappo_mpe" in capsys.readouterr().err
+
+
+def test_single_agent_uniform_policy_covers_discrete_grid_and_continuous_spaces():
+    from rlx.baselines.single_agent import uniform_policy
+    from rlx.envs import registry
+
+    maze, maze_params = registry.make("maze")  # (9, 9, 3) grid observations, 4 actions
+    actions = np.asarray(jax.jit(uniform_policy(maze, maze_params).act)(None, jnp.zeros((4000, 9, 9, 3)),
+                                                                         jax.random.PRNGKey(0)))
+    assert actions.shape == (4000,)
+    np.testing.assert_allclose(np.bincount(actions, minlength=4) / 4000, 0.25, atol=0.03)
+    pendulum, pendulum_params = registry.make("Pendulum-v1")  # one torque in [-2, 2]
+    torques = np.asarray(uniform_policy(pendulum, pendulum_params).act(None, jnp.zeros((4000, 3)),
+                                                                       jax.random.PRNGKey(1)))
+    assert torques.shape == (4000, 1) and torques.min() >= -2 and torques.max() <= 2
+    assert abs(torques.mean()) < 0.1 and torques.std() > 1.0  # uniform on [-2, 2]: std 1.15

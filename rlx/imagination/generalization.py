@@ -57,18 +57,6 @@ def level_params(env, num_levels: int, offset: int = 0):
     return env.default_params.replace(num_levels=num_levels, level_offset=offset)
 
 
-def uniform_policy(num_actions: int):
-    """An ``act`` with the interface ``rlx.runner.evaluation.evaluate`` expects, ignoring its policy."""
-    import jax
-
-    class Uniform:
-        @staticmethod
-        def act(policy, obs, key, greedy=False):
-            return jax.random.randint(key, obs.shape[:1], 0, num_actions)
-
-    return Uniform
-
-
 def dreamer_rows(env, num_levels: int, seeds: int, grad_steps: int, real_steps: int) -> dict:
     """Train-level and test-level returns per seed ``{label: (train [seeds], test [seeds])}`` of each method."""
     import jax
@@ -134,10 +122,11 @@ def reference_program(env, real_steps: int):
     import jax
 
     from rlx.agents import ppo
+    from rlx.baselines.single_agent import uniform_policy
     from rlx.runner.evaluation import evaluate
 
     config = ppo.Config(**PPO, total_timesteps=real_steps)
-    random_agent = uniform_policy(env.num_actions)
+    random_agent = uniform_policy(env, env.default_params)
 
     def run(train_params, test_params, key):
         agent = ppo.make(config, env, train_params)

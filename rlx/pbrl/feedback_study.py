@@ -74,15 +74,12 @@ def trained_returns(module, config, env, params, seeds: int) -> np.ndarray:
 
 def random_returns(env, params, seeds: int) -> np.ndarray:
     """Evaluation return per seed of uniformly random actions."""
+    from rlx.baselines.single_agent import uniform_policy
     from rlx.runner.evaluation import evaluate
 
-    class Uniform:
-        @staticmethod
-        def act(policy, obs, key, greedy=False):
-            return jax.vmap(env.action_space(params).sample)(jax.random.split(key, obs.shape[0]))
-
+    uniform = uniform_policy(env, params)
     keys = jax.random.split(jax.random.PRNGKey(0), seeds)
-    run = jax.vmap(lambda key: evaluate(Uniform, env, params, None, key, EVAL_EPISODES, False).mean())
+    run = jax.vmap(lambda key: evaluate(uniform, env, params, None, key, EVAL_EPISODES, False).mean())
     return np.asarray(jax.jit(run)(keys), np.float64)
 
 
