@@ -213,6 +213,6 @@ def reproduce(out: Path, quick: bool, skip_training: bool, seeds: int = SEEDS) -
         results[str(n)]["optimal (shortest path)"] = {"train": train_opt, "test": test_opt}
         settings["minutes"] = (time.time() - started) / 60
         saved.write_text(json.dumps({"settings": settings, "results": results}, indent=1))
-        path.write_text(markdown(json.loads(saved.read_text())["results"], settings))
+        path.write_text(markdown(results, settings))
     print(path.read_text())
     return path

@@ -39,12 +39,21 @@ def held_out(config, env, params, key):
     return dreamer.collect(config, env, params, key, CONTEXT + max(HORIZONS))
 
 
+def per_horizon(errors, is_first):
+    """Mean of ``errors[h - 1]`` (``[max(HORIZONS), B]``) over the sequences with no episode start in the
+    first ``h`` predicted steps, for each ``h`` in ``HORIZONS``. ``is_first``: those steps' flags."""
+    import jax.numpy as jnp
+
+    alive = jnp.cumprod(1.0 - is_first, 0)
+    return jnp.stack([(errors[h - 1] * alive[h - 1]).sum() / jnp.maximum(alive[h - 1].sum(), 1.0)
+                      for h in HORIZONS])
+
+
 def copy_last_error(data) -> np.ndarray:
     """Error per horizon of predicting that the observation stays as it was at ``CONTEXT - 1``."""
     obs = np.asarray(data.obs, np.float64).reshape(data.obs.shape[:2] + (-1,))
-    alive = np.cumprod(1.0 - np.asarray(data.is_first[CONTEXT:]), 0)
     errors = ((obs[CONTEXT:] - obs[CONTEXT - 1]) ** 2).mean(-1)
-    return np.array([(errors[h - 1] * alive[h - 1]).sum() / max(alive[h - 1].sum(), 1.0) for h in HORIZONS])
+    return np.asarray(per_horizon(errors, np.asarray(data.is_first[CONTEXT:], np.float64)), np.float64)
 
 
 def dreamer_errors(config, env, train_params, evaluations: dict, grad_steps: int, real_steps: int, seeds: int):
@@ -90,10 +99,7 @@ def dyna_errors(data, seeds: int) -> tuple[np.ndarray, np.ndarray]:
         keys = jax.random.split(jax.random.PRNGKey(5), max_h)
         _, predictions = jax.lax.scan(step, start, (data.action[CONTEXT:CONTEXT + max_h], keys))
         errors = ((predictions - data.obs[CONTEXT:CONTEXT + max_h]) ** 2).mean(-1)
-        alive = jnp.cumprod(1.0 - data.is_first[CONTEXT:CONTEXT + max_h], 0)
-        per_h = jnp.stack([(errors[h - 1] * alive[h - 1]).sum() / jnp.maximum(alive[h - 1].sum(), 1.0)
-                           for h in HORIZONS])
-        return per_h, metrics["reward_mse"][-1]
+        return per_horizon(errors, data.is_first[CONTEXT:CONTEXT + max_h]), metrics["reward_mse"][-1]
 
     errors, reward = jax.jit(jax.vmap(run))(jax.random.split(jax.random.PRNGKey(4), seeds))
     return np.asarray(errors, np.float64), np.asarray(reward, np.float64)
