@@ -49,7 +49,7 @@ UPDATES = 8  # updates per timed program
 PRESETS = ("dyna_ppo_cartpole", "dyna_ppo_acrobot", "dreamer_cartpole", "dreamer_maze")  # CPU presets (dreamer_maze_gpu: too slow to run here)
 
 
-def dyna_imagination(env, seeds: int):
+def dyna_imagination(env):
     """``(imagine_fn, start_obs, imagined transitions per call)`` for dyna_ppo with its CartPole settings."""
     config = dyna_ppo.cartpole_config()
     agent = dyna_ppo.make(config, env, env.default_params)
@@ -67,7 +67,7 @@ def dyna_imagination(env, seeds: int):
     return config, agent, (lambda obs: run(obs, jax.random.PRNGKey(2))), start_obs, config.num_branches * config.horizon
 
 
-def dreamer_imagination(env, seeds: int):
+def dreamer_imagination(env):
     """The same for dreamer: imagine from posterior states of a batch of replayed sequences."""
     from rlx.agents import dreamer
 
@@ -88,7 +88,7 @@ def dreamer_imagination(env, seeds: int):
 def measure(name: str, build, seeds: int, repeats: int) -> dict:
     """One row: imagined and real transitions/s, seconds per update, real steps/s consumed by training."""
     env = CartPole()
-    config, agent, imagine_fn, starts, imagined = build(env, seeds)
+    config, agent, imagine_fn, starts, imagined = build(env)
     imagine_compile, imagine_s, _ = timed(imagine_fn, starts, repeats=repeats)
     batch = config.num_envs
     steps = max(1, 100_000 // batch)
