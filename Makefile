@@ -34,11 +34,15 @@ $(POGEMA_STAMP):
 
 pogema: $(POGEMA_STAMP)  ## the POGEMA venv alone
 
+# One pytest worker per core (pytest-xdist), each test file on one worker so that a file's
+# module fixtures and cached compiled programs are built once; TEST_WORKERS=0 runs in-process.
+TEST_WORKERS ?= auto
+
 test: $(DEV_STAMP) $(POGEMA_STAMP)  ## install with dev extras and run the fast suite
-	$(BIN)/python -m pytest -m "not slow" --durations=15 tests
+	$(BIN)/python -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadfile --durations=15 tests
 
 test-all: $(DEV_STAMP) $(POGEMA_STAMP)  ## every test, the slow ones included
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile tests
 
 bench: $(STAMP)  ## speed comparison with rejax and Stable-Baselines3 (builds their venvs in .bench/)
 	$(BIN)/python scripts/bench_ppo.py

@@ -38,28 +38,28 @@ def assert_same_training(one, four):
                 np.testing.assert_allclose(r4[key], r1[key], rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("args, split", [
-    (["run.num_seeds=4"], "4 devices: seeds split 4 / 4"),
-    (["run.num_seeds=2", "sweep.algo.lr=[1e-3,2e-3,3e-3,4e-3]"], "4 devices: sweep points split 4 / 4"),
-])
-def test_four_devices_give_the_single_device_results(tmp_path, args, split):
+def test_four_devices_split_seeds_like_one_device_and_the_checkpoint_reloads_on_one(tmp_path):
+    one = train(tmp_path / "one", "run.num_seeds=4", devices=1)
+    four = train(tmp_path / "four", "run.num_seeds=4", devices=4)
+    assert one[0]["devices"] == "1 device (cpu)" and four[0]["devices"] == "4 devices: seeds split 4 / 4"
+    assert_same_training(one, four)
+    done = subprocess.run([sys.executable, "-m", "rlx.evaluate", f"run_dir={tmp_path / 'four'}", "episodes=2"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)  # rlx.evaluate: one device
+    assert done.returncode == 0, done.stderr
+    assert len(json.loads((tmp_path / "four" / "evaluation.json").read_text())["points"][0]["per_seed"]) == 4
+
+
+def test_four_devices_split_sweep_points_like_one_device(tmp_path):
+    args = ["run.num_seeds=2", "sweep.algo.lr=[1e-3,2e-3,3e-3,4e-3]"]
     one = train(tmp_path / "one", *args, devices=1)
     four = train(tmp_path / "four", *args, devices=4)
-    assert one[0]["devices"] == "1 device (cpu)" and four[0]["devices"] == split
+    assert one[0]["devices"] == "1 device (cpu)" and four[0]["devices"] == "4 devices: sweep points split 4 / 4"
     assert_same_training(one, four)
 
 
 def test_uneven_split_runs_on_one_device(tmp_path):
     summary, _, _ = train(tmp_path / "odd", "run.num_seeds=3", devices=4)
     assert "neither num_seeds=3 nor the 1 sweep points divide evenly: running on one device" in summary["devices"]
-
-
-def test_sharded_checkpoint_reloads_for_evaluation_on_one_device(tmp_path):
-    train(tmp_path / "four", "run.num_seeds=4", devices=4)
-    done = subprocess.run([sys.executable, "-m", "rlx.evaluate", f"run_dir={tmp_path / 'four'}", "episodes=2"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)  # rlx.evaluate: one device
-    assert done.returncode == 0, done.stderr
-    assert len(json.loads((tmp_path / "four" / "evaluation.json").read_text())["points"][0]["per_seed"]) == 4
 
 
 def test_cpu_devices_default_uses_every_core(tmp_path, monkeypatch):

@@ -80,8 +80,15 @@ def constant_actions(env, params, value):
     return jnp.full((NUM_STEPS, NUM_ENVS) + env.action_space(params).shape, value, jnp.float32)
 
 
+# Every brax entry goes through the same adapter: the fast suite steps two of them (the time-limit and
+# termination tests below reuse their compiled programs); ant and halfcheetah, ~10 s of compiling each, are `slow`.
+BRAX_SLOW = {"brax-ant", "brax-halfcheetah"}
+
+
 @pytest.mark.parametrize(
-    "name", list(MINATAR) + [pytest.param(name, marks=needs_brax) for name in BRAX]
+    "name",
+    list(MINATAR) + [pytest.param(name, marks=[needs_brax] + ([pytest.mark.slow] if name in BRAX_SLOW else []))
+                     for name in BRAX],
 )
 def test_entry_resets_and_steps_under_jit_and_vmap(name):
     obs_shape, num_actions = {**MINATAR, **BRAX}[name]

@@ -25,7 +25,7 @@ def test_agent_imports_only_allowed_modules(path):
 DEMOS = {
     "a2c.py": (60000, 150.0),  # CartPole: random averages about 22
     "cpl.py": (1000, 200.0),  # CartPole from oracle preferences on an erring controller's data: BC-all about 100
-    "dreamer.py": (8192, 100.0),  # CartPole from 8,192 real steps, actor-critic in imagination: random about 22
+    "dreamer.py": (5120, 100.0),  # CartPole from 5,120 real steps, actor-critic in imagination: random about 22
     "dyna_ppo.py": (8192, 100.0),  # CartPole from 8,192 real steps, PPO on imagined rollouts: random about 22
     "map_policy.py": (20480, 0.9),  # toy MAPF imitation accuracy: chance 0.2
     "mappo.py": (20480, 5.0),  # built-in card game: optimum 6.67, random or teammate-blind 2.67
