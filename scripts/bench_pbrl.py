@@ -35,8 +35,10 @@ from gymnax.environments.classic_control.cartpole import CartPole  # noqa: E402
 
 from rlx.agents import ppo, pref_ppo  # noqa: E402
 
-SHARED = dict(total_timesteps=61440, num_envs=8, num_steps=64, lr=2.5e-3, ent_coef=0.0, gamma=0.98, gae_lambda=0.9,
-              normalize_rewards=True)
+# The pref_ppo_cartpole preset's PPO settings, for both agents
+PRESET = pref_ppo.cartpole_config()
+SHARED = {name: getattr(PRESET, name) for name in ("total_timesteps", "num_envs", "num_steps", "lr", "ent_coef",
+                                                    "gamma", "gae_lambda", "normalize_rewards")}
 
 
 def timed_training(module, config, seeds: int, repeats: int):

@@ -109,7 +109,7 @@ def test_cartpole_learns_from_the_label_file_alone(label_dir):
     """100 answers about a random policy's clips, no scripted teacher: the pole is balanced far longer."""
     arrays = P.GivenLabels(**human.given_labels(label_dir[0]))
     env = CartPole()
-    config = P.cartpole_config(teacher="file", budget=100)
+    config = P.cartpole_config(teacher="file", budget=100, total_timesteps=61440)
     agent = P.make(config, env, env.default_params, given_labels=arrays)
 
     def run(key):

@@ -157,6 +157,19 @@ def test_feedback_schedule_waits_for_pretraining_and_keeps_skipped_labels_masked
     assert int(state.labels.count) == 20 and float(np.asarray(state.labels.valid).sum()) == 0.0
 
 
+def test_feedback_every_zero_spreads_the_rounds_over_the_first_80_percent_of_training():
+    # 10 updates, 2 of pre-training: int(0.8 * 8) = 6 updates for 2 rounds, one every 3
+    config = tiny_config(total_timesteps=64 * 10, pretrain_updates=2, feedback_every=0, budget=20)
+    assert config.feedback_interval == 3
+    env = CartPole()
+    _, metrics = P.train(config, env, env.default_params, KEY)
+    assert list(np.asarray(metrics["asked_feedback"])) == [0, 0, 1, 0, 0, 1, 0, 0, 0, 0]
+    # the CartPole preset: 240 updates, 10 rounds of 10 labels, the last at update 171 < 192
+    assert P.cartpole_config().feedback_interval == 19
+    assert P.cartpole_config(budget=400).feedback_interval == 4  # 40 rounds
+    assert P.cartpole_config(feedback_every=7).feedback_interval == 7
+
+
 def test_validate_names_the_offending_field():
     with pytest.raises(ValueError, match=r"^budget=5: budget smaller than one batch"):
         P.validate(P.Config(budget=5, queries_per_feedback=10))
@@ -168,6 +181,8 @@ def test_validate_names_the_offending_field():
         P.validate(P.Config(teacher="human"))
     with pytest.raises(ValueError, match=r"^crop_min_length=20"):
         P.validate(P.Config(crop_min_length=20, segment_length=16))
+    with pytest.raises(ValueError, match=r"^feedback_every=-1: must be >= 0"):
+        P.validate(P.Config(feedback_every=-1))
     P.validate(P.Config())  # the defaults are valid
 
 
@@ -202,7 +217,7 @@ def random_policy_segments(agent_reward, reward_params, length=16):
 
 def test_cartpole_from_oracle_preferences():
     env = CartPole()
-    config = P.cartpole_config()  # 61440 env steps, at most 200 labels
+    config = P.cartpole_config(total_timesteps=61440)  # half the preset: 120 updates, at most 100 labels
     P.validate(config)
     state, metrics = P.train(config, env, env.default_params, KEY)
     returns = np.asarray(metrics["train_return"])

@@ -31,7 +31,7 @@ DEMOS = {
     "mappo.py": (20480, 5.0),  # built-in card game: optimum 6.67, random or teammate-blind 2.67
     "ppo.py": (40960, 150.0),  # CartPole
     "ppo_rnn.py": (20480, 0.9),  # MemoryChain: chance is 0, the maximum 1
-    "pref_ppo.py": (61440, 100.0),  # CartPole from 200 oracle preferences (no true reward): random about 22
+    "pref_ppo.py": (61440, 100.0),  # CartPole from 100 oracle preferences (no true reward): random about 22
 }
 
 

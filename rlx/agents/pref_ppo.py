@@ -79,6 +79,10 @@ METRICS_MAY_BE_NAN = ("reward_loss", "reward_model_accuracy")
 UPDATE_TAKES_INDEX = True
 SELECTIONS = ("uniform", "disagreement", "entropy")
 TEACHERS = ("oracle", "stochastic", "mistake", "skip", "equal", "myopic", "file")
+# With feedback_every=0 the label budget is spread over this fraction of training: labels asked
+# for only early describe the early policy's mistakes (CartPole: falling at once), not the later
+# one's (drifting off the track), and the learned reward then stops teaching.
+FEEDBACK_SPAN = 0.8
 
 
 def static(default):
@@ -102,7 +106,8 @@ class Config:
     * ``num_candidates`` random pairs per feedback round, of which the top
       ``queries_per_feedback`` under ``selection`` (``uniform``,
       ``disagreement``, ``entropy``) go to the teacher; at most ``budget`` labels
-      in all; a round every ``feedback_every`` updates.
+      in all; a round every ``feedback_every`` updates (0, the default: rounds
+      spread evenly over the first ``FEEDBACK_SPAN`` = 80% of training).
     * ``query_policy_aligned`` (QPA) and ``crop_min_length`` (shortest crop).
     * ``pretrain_updates`` updates of state-entropy pre-training, with the
       distance to the ``entropy_k``-th nearest neighbour in the rollout as reward.
@@ -159,7 +164,7 @@ class Config:
     num_candidates: int = static(100)
     queries_per_feedback: int = static(10)
     budget: int = static(200)
-    feedback_every: int = static(2)
+    feedback_every: int = static(0)
     selection: str = static("disagreement")
     query_policy_aligned: bool = static(False)
     crop_min_length: int = static(8)
@@ -179,6 +184,19 @@ class Config:
     @property
     def segments_per_update(self) -> int:
         return self.num_envs * (self.num_steps // self.segment_length)
+
+    @property
+    def feedback_rounds(self) -> int:
+        return -(-self.budget // self.queries_per_feedback)
+
+    @property
+    def feedback_interval(self) -> int:
+        """Updates between feedback rounds: ``feedback_every``, or with 0 the interval that spreads
+        the rounds evenly over the first ``FEEDBACK_SPAN`` of the updates after pre-training."""
+        if self.feedback_every > 0:
+            return self.feedback_every
+        updates = max(0, self.num_updates - self.pretrain_updates)
+        return max(1, int(FEEDBACK_SPAN * updates) // max(1, self.feedback_rounds))
 
 
 def validate(config: Config) -> None:
@@ -233,7 +251,7 @@ def validate(config: Config) -> None:
         ("queries_per_feedback", config.queries_per_feedback >= 1, "must be >= 1"),
         ("num_candidates", config.num_candidates >= config.queries_per_feedback, "must be >= queries_per_feedback"),
         ("budget", config.budget >= config.queries_per_feedback, "budget smaller than one batch (queries_per_feedback)"),
-        ("feedback_every", config.feedback_every >= 1, "must be >= 1"),
+        ("feedback_every", config.feedback_every >= 0, "must be >= 0 (0: spread the budget over training)"),
         ("selection", config.selection in SELECTIONS, f"must be one of {list(SELECTIONS)}"),
         (
             "crop_min_length",
@@ -700,7 +718,6 @@ def make(config: Config, env, env_params, given_labels: GivenLabels | None = Non
     reward_net = RewardMLP(tuple(config.reward_hidden_sizes))
     reward_optimizer = optax.adam(config.reward_lr)
     reward_batch = min(config.reward_batch_size, config.budget)
-    feedback_rounds = -(-config.budget // config.queries_per_feedback)
 
     # ---------------------------------------------------------------- reward model
     def action_features(action):
@@ -965,7 +982,8 @@ def make(config: Config, env, env_params, given_labels: GivenLabels | None = Non
     def feedback_due(update_index):
         """Whether update number ``update_index`` (from 0) runs a feedback round."""
         since = update_index - config.pretrain_updates
-        return (since >= 0) & (since % config.feedback_every == 0) & (since // config.feedback_every < feedback_rounds)
+        every = config.feedback_interval
+        return (since >= 0) & (since % every == 0) & (since // every < config.feedback_rounds)
 
     def update(state: TrainState, index=None):
         """One iteration: rollout, query pool, maybe a feedback round, PPO on the learned reward.
@@ -1095,10 +1113,10 @@ def train(config: Config, env, env_params, key, num_updates: int | None = None):
 def cartpole_config(**overrides) -> Config:
     """The CartPole-from-oracle-preferences settings of the command-line demo."""
     settings = dict(
-        total_timesteps=61440, num_envs=8, num_steps=64, lr=2.5e-3, ent_coef=0.0, gamma=0.98, gae_lambda=0.9,
+        total_timesteps=122880, num_envs=8, num_steps=64, lr=2.5e-3, ent_coef=0.0, gamma=0.98, gae_lambda=0.9,
         segment_length=16, pool_segments=256, num_candidates=64, queries_per_feedback=10, budget=100,
-        feedback_every=2, reward_steps=50, reward_batch_size=32, teacher="oracle", teacher_terminal_penalty=1.0,
-        eval_pairs=64, normalize_rewards=True,
+        feedback_every=0, reward_steps=50, reward_batch_size=32, teacher="oracle", teacher_terminal_penalty=1.0,
+        eval_pairs=64, normalize_rewards=False,
     )
     settings.update(overrides)
     return Config(**settings)
@@ -1115,7 +1133,7 @@ def _cli():
     from gymnax.environments.classic_control.cartpole import CartPole
 
     parser = argparse.ArgumentParser(description="Train preference-based PPO on gymnax CartPole-v1 (oracle teacher).")
-    parser.add_argument("--timesteps", type=int, default=61440)
+    parser.add_argument("--timesteps", type=int, default=cartpole_config().total_timesteps)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--budget", type=int, default=100)
     parser.add_argument("--selection", default="disagreement", choices=SELECTIONS)

@@ -42,7 +42,7 @@ PPO_FIELDS = ("total_timesteps", "num_envs", "num_steps", "num_epochs", "num_min
 PENDULUM = dict(total_timesteps=327680, num_envs=16, num_steps=128, num_epochs=10, num_minibatches=16, lr=1e-3,
                 ent_coef=0.0, gamma=0.95, gae_lambda=0.95, normalize_observations=True, normalize_rewards=True,
                 segment_length=16, pool_segments=512, num_candidates=256, queries_per_feedback=10,
-                feedback_every=4, reward_steps=50, reward_batch_size=32, eval_pairs=64)
+                feedback_every=2, reward_steps=50, reward_batch_size=32, eval_pairs=64)
 
 
 def task_configs(quick: bool) -> dict:
