@@ -59,7 +59,7 @@ def main() -> None:
         "plain PPO (true reward)": timed_training(ppo, ppo.Config(**SHARED), args.seeds, args.repeats),
         "preference PPO (<= 100 oracle labels)": timed_training(
             pref_ppo, pref_ppo.cartpole_config(**SHARED), args.seeds, args.repeats),
-        "preference PPO, 10 reward-model steps per round (preset: 50)": timed_training(
+        "preference PPO, 10 reward-model steps per round (preset: 25)": timed_training(
             pref_ppo, pref_ppo.cartpole_config(**SHARED, reward_steps=10), args.seeds, args.repeats),
     }
     base = rows["plain PPO (true reward)"][1]

@@ -109,7 +109,9 @@ def test_cartpole_learns_from_the_label_file_alone(label_dir):
     """100 answers about a random policy's clips, no scripted teacher: the pole is balanced far longer."""
     arrays = P.GivenLabels(**human.given_labels(label_dir[0]))
     env = CartPole()
-    config = P.cartpole_config(teacher="file", budget=100, total_timesteps=61440)
+    # half the preset's budget, with rescaled rewards and 50 reward-model steps of 32 pairs per round
+    config = P.cartpole_config(teacher="file", budget=100, total_timesteps=61440, reward_steps=50,
+                               reward_batch_size=32, normalize_rewards=True)
     agent = P.make(config, env, env.default_params, given_labels=arrays)
 
     def run(key):

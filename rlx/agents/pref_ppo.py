@@ -1115,7 +1115,7 @@ def cartpole_config(**overrides) -> Config:
     settings = dict(
         total_timesteps=122880, num_envs=8, num_steps=64, lr=2.5e-3, ent_coef=0.0, gamma=0.98, gae_lambda=0.9,
         segment_length=16, pool_segments=256, num_candidates=64, queries_per_feedback=10, budget=100,
-        feedback_every=0, reward_steps=50, reward_batch_size=32, teacher="oracle", teacher_terminal_penalty=1.0,
+        feedback_every=0, reward_steps=25, reward_batch_size=16, teacher="oracle", teacher_terminal_penalty=1.0,
         eval_pairs=64, normalize_rewards=False,
     )
     settings.update(overrides)
