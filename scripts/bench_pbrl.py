@@ -57,10 +57,9 @@ def main() -> None:
     args = parser.parse_args()
     rows = {
         "plain PPO (true reward)": timed_training(ppo, ppo.Config(**SHARED), args.seeds, args.repeats),
-        "preference PPO (<= 100 oracle labels)": timed_training(
-            pref_ppo, pref_ppo.cartpole_config(**SHARED), args.seeds, args.repeats),
+        "preference PPO (<= 100 oracle labels)": timed_training(pref_ppo, PRESET, args.seeds, args.repeats),
         "preference PPO, 10 reward-model steps per round (preset: 25)": timed_training(
-            pref_ppo, pref_ppo.cartpole_config(**SHARED, reward_steps=10), args.seeds, args.repeats),
+            pref_ppo, pref_ppo.cartpole_config(reward_steps=10), args.seeds, args.repeats),
     }
     base = rows["plain PPO (true reward)"][1]
     lines = [f"Measured {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC} on {os.cpu_count()} CPU "
