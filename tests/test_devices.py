@@ -57,9 +57,19 @@ def test_four_devices_split_sweep_points_like_one_device(tmp_path):
     assert_same_training(one, four)
 
 
-def test_uneven_split_runs_on_one_device(tmp_path):
-    summary, _, _ = train(tmp_path / "odd", "run.num_seeds=3", devices=4)
-    assert "neither num_seeds=3 nor the 1 sweep points divide evenly: running on one device" in summary["devices"]
+def test_uneven_split_runs_on_one_device(monkeypatch):
+    """Neither the seeds nor the sweep points divide over the devices: one device, and the console says why.
+    (The runner's one-device path is the one every other run takes.)"""
+    import jax
+
+    from rlx.runner import devices
+
+    four = [jax.devices()[0]] * 4
+    odd_seeds = devices.plan(3, 1, False, four)
+    assert not odd_seeds.active and not devices.plan(2, 3, True, four).active
+    monkeypatch.setattr(devices.jax, "device_count", lambda: 4)
+    assert devices.explain(odd_seeds, 3, 1) == (
+        "4 devices, but neither num_seeds=3 nor the 1 sweep points divide evenly: running on one device")
 
 
 def test_cpu_devices_default_uses_every_core(tmp_path, monkeypatch):
