@@ -445,6 +445,11 @@ def gae(rewards, values, next_values, terminated, done, gamma, lam):
     return advantages, advantages + values
 
 
+# PPO's metrics, averaged over an update's minibatches. They are summed as one packed vector in
+# the scan's carry: as separate stacked scan outputs they cost about 8% of the steps/s on a CPU.
+LEARN_METRICS = ("loss", "grad_norm", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
+
+
 def ppo_loss_terms(config: Config, log_prob, old_log_prob, entropy, value, old_value, advantages, targets):
     """Clipped surrogate, (optionally clipped) value loss and entropy for one minibatch."""
     if config.normalize_advantages:
@@ -962,7 +967,7 @@ def make(config: Config, env, env_params, given_labels: GivenLabels | None = Non
     grad_fn = jax.value_and_grad(minibatch_loss, has_aux=True)
 
     def learn_epoch(carry, _):
-        params, opt_state, batch, key = carry
+        params, opt_state, totals, batch, key = carry
         key, perm_key = jax.random.split(key)
         permutation = jax.random.permutation(perm_key, config.batch_size)
         minibatches = jax.tree.map(
@@ -970,14 +975,15 @@ def make(config: Config, env, env_params, given_labels: GivenLabels | None = Non
         )
 
         def learn_minibatch(carry, minibatch):
-            params, opt_state = carry
+            params, opt_state, totals = carry
             (loss, terms), grads = grad_fn(params, minibatch)
             updates, opt_state = optimizer.update(grads, opt_state, params)
             params = optax.apply_updates(params, updates)
-            return (params, opt_state), {"loss": loss, "grad_norm": optax.tree.norm(grads), **terms}
+            metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), **terms}
+            return (params, opt_state, totals + jnp.stack([metrics[name] for name in LEARN_METRICS])), None
 
-        (params, opt_state), metrics = jax.lax.scan(learn_minibatch, (params, opt_state), minibatches)
-        return (params, opt_state, batch, key), metrics
+        (params, opt_state, totals), _ = jax.lax.scan(learn_minibatch, (params, opt_state, totals), minibatches)
+        return (params, opt_state, totals, batch, key), None
 
     def feedback_due(update_index):
         """Whether update number ``update_index`` (from 0) runs a feedback round."""
@@ -1057,10 +1063,11 @@ def make(config: Config, env, env_params, given_labels: GivenLabels | None = Non
         )
         batch = (traj.obs, traj.action, traj.log_prob, traj.value, advantages, targets)
         batch = jax.tree.map(lambda x: x.reshape((config.batch_size,) + x.shape[2:]), batch)
-        (params, opt_state, _, _), metrics = jax.lax.scan(
-            learn_epoch, (state.params, state.opt_state, batch, learn_key), None, config.num_epochs
+        totals = jnp.zeros(len(LEARN_METRICS))
+        (params, opt_state, totals, _, _), _ = jax.lax.scan(
+            learn_epoch, (state.params, state.opt_state, totals, batch, learn_key), None, config.num_epochs
         )
-        metrics = jax.tree.map(jnp.mean, metrics)
+        metrics = dict(zip(LEARN_METRICS, totals / updates_per_iteration))
 
         # 5. reward-model metrics on the latest segments (oracle labels, outside the budget)
         # (segment returns come from the r_hat above: the segments are this rollout cut up)
