@@ -56,12 +56,9 @@ def dyna_imagination(env):
     state = agent.init(jax.random.PRNGKey(0))
     start_obs = jax.vmap(lambda k: env.reset(k, env.default_params)[0])(
         jax.random.split(jax.random.PRNGKey(1), config.num_branches))
-    policy_fn = lambda obs, key: agent.act(state.policy, obs, key, False)  # noqa: E731
-
-    model_fn = lambda params, obs, action, key: agent.model_step(params, state.model_stats, obs, action, key)  # noqa: E731
 
     def run(obs, key):
-        trajectory = dyna_ppo.imagine(model_fn, state.model_params, policy_fn, obs, config.horizon, key)
+        trajectory = agent.imagine(state.world_model, state.policy, obs, config.horizon, key)
         return trajectory.reward.sum()
 
     return config, agent, (lambda obs: run(obs, jax.random.PRNGKey(2))), start_obs, config.num_branches * config.horizon

@@ -25,7 +25,7 @@ def test_imagine_follows_a_hand_written_model():
         return (obs[:, 0].astype(jnp.int32) % 2).astype(jnp.float32)
 
     start = jnp.array([[0.0, 0.0], [10.0, 2.0], [5.0, -10.0]])
-    traj = jax.jit(dyna_ppo.imagine, static_argnums=(0, 2, 4))(
+    traj = jax.jit(dyna_ppo.imagine_with, static_argnums=(0, 2, 4))(
         model_step, step_size, policy_fn, start, 5, jax.random.PRNGKey(0)
     )
     traj = jax.tree.map(np.asarray, traj)
@@ -126,6 +126,16 @@ def test_dynamics_model_recovers_a_linear_system():
         assert float(jnp.sqrt(((next_obs - expected) ** 2).mean())) < 0.005
         assert float(jnp.abs(reward - x[:, 0]).max()) < 0.02
         assert bool((logit < 0).all())  # nothing ever terminated
+
+    # agent.imagine(world model, policy, starts, horizon, key): the policy's actions through the learned system
+    starts = x[:256]
+    traj = jax.jit(agent.imagine, static_argnums=3)(state.world_model, state.policy, starts, 3, jax.random.PRNGKey(3))
+    traj = jax.tree.map(np.asarray, traj)
+    assert traj.obs.shape == (3, 256, 2) and traj.action.shape == (3, 256, 1) and (traj.mask == 1).all()
+    np.testing.assert_array_equal(traj.obs[0], np.asarray(starts))
+    np.testing.assert_array_equal(traj.obs[1:], traj.next_obs[:-1])
+    applied = np.clip(traj.action, -1.0, 1.0)  # the policy's raw samples; the environment clips them
+    np.testing.assert_allclose(traj.next_obs[0], traj.obs[0] @ np.asarray(A).T + applied[0] @ np.asarray(B).T, atol=0.03)
 
 
 @pytest.mark.parametrize(

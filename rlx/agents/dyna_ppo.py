@@ -21,7 +21,7 @@ Each ``update``:
    buffer, except the newest ``holdout_size`` transitions of this update's batch,
    on which the one-step error is then measured (``model_error_1step``);
 3. branches ``num_branches`` imagined rollouts of ``horizon`` steps from
-   observations drawn uniformly from the buffer (``imagine``): the current
+   observations drawn uniformly from the buffer (``imagine_with``): the current
    policy samples the actions, and at every step each branch is advanced by a
    uniformly random ensemble member. A predicted termination (logit > 0) ends a
    branch: its later steps are masked out. GAE runs over each branch and the
@@ -58,11 +58,13 @@ reward); ``imagined_length`` (live steps per branch, mean); ``train_ratio``.
 Shape of the API (shared by every rlx agent): ``Config`` (a ``flax.struct``
 dataclass; numeric fields are pytree leaves, ``static`` fields shape the
 program), ``validate(config)``, ``make(config, env, env_params) -> Agent(init,
-update, act, value, model_step)`` and ``train(config, env, env_params, key)``;
-``state.policy`` is what ``act`` needs, as in ``ppo.py``. ``imagine`` is a
-module-level function that runs any batched model and policy; the agent's own
-``model_step(model_params, model_stats, obs, action, key)`` is the learned
-ensemble's step (each row through a random member). Environments
+update, act, value, model_step, imagine)`` and ``train(config, env, env_params, key)``;
+``state.policy`` is what ``act`` needs, as in ``ppo.py``, and ``state.world_model``
+(ensemble parameters and normalisation statistics) what imagination needs:
+``agent.imagine(state.world_model, state.policy, start_obs, horizon, key)``.
+Underneath, ``imagine_with`` is a module-level function that runs any batched
+model and policy; the agent's own ``model_step(model_params, model_stats, obs,
+action, key)`` is the learned ensemble's step (each row through a random member). Environments
 follow the gymnax 1.0 API (``step`` returns ``obs, state, reward, terminated,
 truncated, info`` with auto-reset and ``info["final_observation"]``), with
 vector observations.
@@ -466,7 +468,7 @@ class Imagined(NamedTuple):
     next_obs: jax.Array
 
 
-def imagine(model_step, model_params, policy_fn, start_obs, horizon: int, key) -> Imagined:
+def imagine_with(model_step, model_params, policy_fn, start_obs, horizon: int, key) -> Imagined:
     """Roll a learned model out for ``horizon`` steps from each of ``start_obs`` (``[N, ...]``), under ``lax.scan``.
 
     ``policy_fn(obs, key) -> action`` and ``model_step(model_params, obs,
@@ -552,6 +554,13 @@ class Policy(NamedTuple):
     obs_stats: RunningStats
 
 
+class WorldModel(NamedTuple):
+    """What imagining needs: the ensemble's parameters and the statistics that normalise its inputs and outputs."""
+
+    params: Any  # [ensemble_size, num_model_params]
+    stats: ModelStats
+
+
 class TrainState(struct.PyTreeNode):
     params: Any
     opt_state: Any
@@ -571,6 +580,10 @@ class TrainState(struct.PyTreeNode):
     def policy(self) -> Policy:
         return Policy(self.params, self.model_stats.obs)
 
+    @property
+    def world_model(self) -> WorldModel:
+        return WorldModel(self.model_params, self.model_stats)
+
 
 class Agent(NamedTuple):
     init: Callable  # key -> TrainState
@@ -578,6 +591,7 @@ class Agent(NamedTuple):
     act: Callable  # (Policy, obs, key, greedy) -> action
     value: Callable  # (Policy, obs) -> state value
     model_step: Callable  # (model_params, ModelStats, obs, action, key) -> (next_obs, reward, termination_logit)
+    imagine: Callable  # (WorldModel, Policy, start_obs [N, ...], horizon, key) -> Imagined [horizon, N, ...]
 
 
 def action_spec(env, env_params):
@@ -669,6 +683,20 @@ def make(config: Config, env, env_params) -> Agent:
     def value(policy: Policy, obs):
         """The critic's estimate for an observation (or a batch)."""
         return apply(policy.params, prepare_obs(policy.obs_stats, obs), method=ActorCritic.value)
+
+    def imagine(world_model: WorldModel, policy: Policy, start_obs, horizon: int, key) -> Imagined:
+        """``horizon`` steps of ``policy`` in the learned ensemble from each of ``start_obs`` ``[N, ...]``.
+
+        Actions are the policy's unclipped samples (what PPO's log-probabilities refer to); the
+        model clips them to the action space itself. ``N`` must be a multiple of ``ensemble_size``.
+        """
+        def policy_fn(obs, key):
+            return apply(policy.params, prepare_obs(policy.obs_stats, obs), method=ActorCritic.policy).sample(seed=key)
+
+        def step(params, obs, action, key):
+            return model_step(params, world_model.stats, obs, action, key)
+
+        return imagine_with(step, world_model.params, policy_fn, start_obs, horizon, key)
 
     env_action_shape = () if not continuous else (action_dim,)
 
@@ -865,14 +893,8 @@ def make(config: Config, env, env_params) -> Agent:
         window = buffer.size if config.start_window <= 0 else jnp.minimum(buffer.size, config.start_window)
         ages = (jax.random.uniform(start_key, (config.num_branches,)) * window).astype(jnp.int32)
         start_obs = buffer.obs[by_age(buffer, ages)]
-
-        def policy_fn(obs, key):
-            return apply(state.params, prepare_obs(stats.obs, obs), method=ActorCritic.policy).sample(seed=key)
-
-        def step(params, obs, action, key):
-            return model_step(params, stats, obs, action, key)
-
-        traj = imagine(step, model_params, policy_fn, start_obs, config.horizon, rollout_key)
+        traj = imagine(WorldModel(model_params, stats), Policy(state.params, stats.obs), start_obs, config.horizon,
+                       rollout_key)
         obs_in = prepare_obs(stats.obs, traj.obs)
         dist, values = apply(state.params, obs_in)
         log_prob = dist.log_prob(traj.action)
@@ -940,7 +962,7 @@ def make(config: Config, env, env_params) -> Agent:
         metrics["train_ratio"] = jnp.asarray(grad_steps / config.real_steps_per_update, jnp.float32)
         return state, metrics
 
-    return Agent(init, update, act, value, model_step)
+    return Agent(init, update, act, value, model_step, imagine)
 
 
 def train(config: Config, env, env_params, key, num_updates: int | None = None):
