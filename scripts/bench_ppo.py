@@ -436,12 +436,40 @@ def solve_pair(solve, repeats: int, workdir: Path) -> tuple[dict, dict]:
     return median_of(colds), median_of(warms)
 
 
-def bench_rlx(args, budgets: Budgets, workdir: Path) -> Row:
-    """rlx through its CLI: throughput run, then cold and warm time-to-475 runs."""
+def paired_throughput(args, budgets: Budgets, workdir: Path) -> tuple[list[dict], list[dict], str | None]:
+    """rlx's and rejax's throughput runs in alternation, rlx first on even repeats and rejax first on odd.
+
+    A drift in the machine's speed while the benchmark runs (other tenants, clock changes)
+    then hits both alike, and the rlx / rejax ratio is also taken per pair of neighbouring
+    runs. Returns (rlx runs, rejax runs, rejax's error or None).
+    """
+    ours, theirs, error = [], [], None
+    try:
+        ensure_venv(REJAX)
+    except RUN_ERRORS as failure:
+        error = str(failure)
+        log(f"rejax: FAILED: {error}")
+    for index in range(args.repeats):
+        pair = [("rlx", lambda: ours.append(rlx_speed(budgets, workdir)))]
+        if error is None:
+            pair.append(("rejax", lambda: theirs.append(peer_speed(REJAX, budgets.speed_steps, workdir))))
+        for name, measure in pair if index % 2 == 0 else pair[::-1]:
+            log(f"{name}: throughput run {index + 1}/{args.repeats} ({budgets.speed_steps:,} steps)")
+            try:
+                measure()
+            except RUN_ERRORS as failure:
+                if name == "rlx":
+                    raise
+                error = str(failure)
+                log(f"rejax: FAILED: {error}")
+    return ours, theirs, error
+
+
+def bench_rlx(args, budgets: Budgets, workdir: Path, speed_runs: list[dict]) -> Row:
+    """rlx through its CLI: its throughput runs (``paired_throughput``), then cold and warm time-to-475 runs."""
     row = Row("rlx", notes=["tuned: preset ppo_cartpole as is but 1 seed (8 envs x 64 steps, 4x4, lr 2.5e-3)"])
     try:
-        log("rlx: throughput run")
-        row.speed = repeat(rlx_speed, args.repeats, budgets, workdir)
+        row.speed = median_of(speed_runs)
         log("rlx: time-to-475 runs (cold, warm)")
         row.cold, row.warm = solve_pair(lambda cache: rlx_solve(budgets, cache, workdir), args.repeats, workdir)
     except RUN_ERRORS as error:
@@ -450,14 +478,17 @@ def bench_rlx(args, budgets: Budgets, workdir: Path) -> Row:
     return row
 
 
-def bench_peer(peer: Peer, args, budgets: Budgets, workdir: Path) -> Row:
-    """A peer: install (or reuse) its venv, throughput run, then cold and warm time-to-475 runs."""
+def bench_peer(peer: Peer, args, budgets: Budgets, workdir: Path, speed_runs: list[dict] | None = None) -> Row:
+    """A peer: install (or reuse) its venv, throughput runs (unless given), then cold and warm time-to-475 runs."""
     row = Row(peer.name)
     try:
         ensure_venv(peer)
-        speed_steps = budgets.sb3_speed_steps if peer is SB3 else budgets.speed_steps
-        log(f"{peer.name}: throughput run ({speed_steps:,} steps)")
-        row.speed = repeat(peer_speed, args.repeats, peer, speed_steps, workdir)
+        if speed_runs:
+            row.speed = median_of(speed_runs)
+        else:
+            speed_steps = budgets.sb3_speed_steps if peer is SB3 else budgets.speed_steps
+            log(f"{peer.name}: throughput run ({speed_steps:,} steps)")
+            row.speed = repeat(peer_speed, args.repeats, peer, speed_steps, workdir)
         log(f"{peer.name}: time-to-475 runs (cold, warm)")
         jax_cache = peer is REJAX
         solve = lambda cache: peer_solve(peer, budgets.solve_steps, cache if jax_cache else None, workdir)
@@ -581,9 +612,19 @@ def main(argv: list[str] | None = None) -> None:
     BENCH_DIR.mkdir(exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="bench-", dir=BENCH_DIR))
     try:
-        rows = [bench_rlx(args, budgets, workdir)]
+        if args.skip_rejax:
+            ours = [rlx_speed(budgets, workdir) for _ in range(args.repeats)]
+            theirs, rejax_error = [], None
+        else:
+            ours, theirs, rejax_error = paired_throughput(args, budgets, workdir)
+        rows = [bench_rlx(args, budgets, workdir, ours)]
         if not args.skip_rejax:
-            rows.append(bench_peer(REJAX, args, budgets, workdir))
+            rejax = bench_peer(REJAX, args, budgets, workdir, theirs) if rejax_error is None else Row("rejax", error=rejax_error)
+            if len(theirs) == len(ours) > 1:
+                ratios = [a["steps_per_s"] / b["steps_per_s"] for a, b in zip(ours, theirs)]
+                rejax.notes.append("steps/s ratio rlx / rejax per pair of neighbouring runs: "
+                                   + ", ".join(f"{r:.2f}" for r in ratios) + f" (median {statistics.median(ratios):.2f})")
+            rows.append(rejax)
         if not args.skip_sb3:
             rows.append(bench_peer(SB3, args, budgets, workdir))
     finally:
