@@ -436,40 +436,47 @@ def solve_pair(solve, repeats: int, workdir: Path) -> tuple[dict, dict]:
     return median_of(colds), median_of(warms)
 
 
-def paired_throughput(args, budgets: Budgets, workdir: Path) -> tuple[list[dict], list[dict], str | None]:
-    """rlx's and rejax's throughput runs in alternation, rlx first on even repeats and rejax first on odd.
+def throughput_runs(args, budgets: Budgets, workdir: Path) -> dict[str, tuple[list[dict], str | None]]:
+    """rlx's (and, unless ``--skip-rejax``, rejax's) throughput runs, in alternation.
 
-    A drift in the machine's speed while the benchmark runs (other tenants, clock changes)
-    then hits both alike, and the rlx / rejax ratio is also taken per pair of neighbouring
-    runs. Returns (rlx runs, rejax runs, rejax's error or None).
+    rlx goes first in odd-numbered pairs and rejax in even ones, so a drift in the machine's
+    speed while the benchmark runs (other tenants, clock changes) hits both alike, and the
+    rlx / rejax ratio can also be taken per pair of neighbouring runs. Returns
+    ``{name: (runs, error)}``; a failure stops that implementation's runs and only fails its row.
     """
-    ours, theirs, error = [], [], None
-    try:
-        ensure_venv(REJAX)
-    except RUN_ERRORS as failure:
-        error = str(failure)
-        log(f"rejax: FAILED: {error}")
+    measures = {"rlx": lambda: rlx_speed(budgets, workdir)}
+    errors: dict[str, str | None] = {"rlx": None}
+    if not args.skip_rejax:
+        measures["rejax"] = lambda: peer_speed(REJAX, budgets.speed_steps, workdir)
+        errors["rejax"] = None
+        try:
+            ensure_venv(REJAX)
+        except RUN_ERRORS as failure:
+            errors["rejax"] = str(failure)
+    runs: dict[str, list[dict]] = {name: [] for name in measures}
     for index in range(args.repeats):
-        pair = [("rlx", lambda: ours.append(rlx_speed(budgets, workdir)))]
-        if error is None:
-            pair.append(("rejax", lambda: theirs.append(peer_speed(REJAX, budgets.speed_steps, workdir))))
-        for name, measure in pair if index % 2 == 0 else pair[::-1]:
+        for name in list(measures) if index % 2 == 0 else list(measures)[::-1]:
+            if errors[name] is not None:
+                continue
             log(f"{name}: throughput run {index + 1}/{args.repeats} ({budgets.speed_steps:,} steps)")
             try:
-                measure()
+                runs[name].append(measures[name]())
             except RUN_ERRORS as failure:
-                if name == "rlx":
-                    raise
-                error = str(failure)
-                log(f"rejax: FAILED: {error}")
-    return ours, theirs, error
+                errors[name] = str(failure)
+    for name, error in errors.items():
+        if error is not None:
+            log(f"{name}: FAILED: {error}")
+    return {name: (runs[name], errors[name]) for name in measures}
 
 
-def bench_rlx(args, budgets: Budgets, workdir: Path, speed_runs: list[dict]) -> Row:
-    """rlx through its CLI: its throughput runs (``paired_throughput``), then cold and warm time-to-475 runs."""
+def bench_rlx(args, budgets: Budgets, workdir: Path, speed: tuple[list[dict], str | None]) -> Row:
+    """rlx through its CLI: its throughput runs (``throughput_runs``), then cold and warm time-to-475 runs."""
     row = Row("rlx", notes=["tuned: preset ppo_cartpole as is but 1 seed (8 envs x 64 steps, 4x4, lr 2.5e-3)"])
+    runs, row.error = speed
+    if row.error is not None:
+        return row
     try:
-        row.speed = median_of(speed_runs)
+        row.speed = median_of(runs)
         log("rlx: time-to-475 runs (cold, warm)")
         row.cold, row.warm = solve_pair(lambda cache: rlx_solve(budgets, cache, workdir), args.repeats, workdir)
     except RUN_ERRORS as error:
@@ -478,13 +485,18 @@ def bench_rlx(args, budgets: Budgets, workdir: Path, speed_runs: list[dict]) -> 
     return row
 
 
-def bench_peer(peer: Peer, args, budgets: Budgets, workdir: Path, speed_runs: list[dict] | None = None) -> Row:
-    """A peer: install (or reuse) its venv, throughput runs (unless given), then cold and warm time-to-475 runs."""
+def bench_peer(peer: Peer, args, budgets: Budgets, workdir: Path,
+               speed: tuple[list[dict], str | None] | None = None) -> Row:
+    """A peer: install (or reuse) its venv, throughput runs (unless ``speed`` brings them), then cold and warm
+    time-to-475 runs."""
     row = Row(peer.name)
+    if speed is not None and speed[1] is not None:
+        row.error = speed[1]
+        return row
     try:
         ensure_venv(peer)
-        if speed_runs:
-            row.speed = median_of(speed_runs)
+        if speed is not None:
+            row.speed = median_of(speed[0])
         else:
             speed_steps = budgets.sb3_speed_steps if peer is SB3 else budgets.speed_steps
             log(f"{peer.name}: throughput run ({speed_steps:,} steps)")
@@ -498,6 +510,13 @@ def bench_peer(peer: Peer, args, budgets: Budgets, workdir: Path, speed_runs: li
         log(f"{peer.name}: FAILED: {error}")
     row.notes.extend(peer_notes(peer, row))
     return row
+
+
+def pair_ratios(ours: list[dict], theirs: list[dict]) -> str:
+    """The note listing rlx / rejax steps/s per pair of neighbouring runs, and their median."""
+    ratios = [a["steps_per_s"] / b["steps_per_s"] for a, b in zip(ours, theirs)]
+    return ("steps/s ratio rlx / rejax per pair of neighbouring runs: " + ", ".join(f"{r:.2f}" for r in ratios)
+            + f" (median {statistics.median(ratios):.2f})")
 
 
 def peer_notes(peer: Peer, row: Row) -> list[str]:
@@ -612,18 +631,13 @@ def main(argv: list[str] | None = None) -> None:
     BENCH_DIR.mkdir(exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="bench-", dir=BENCH_DIR))
     try:
-        if args.skip_rejax:
-            ours = [rlx_speed(budgets, workdir) for _ in range(args.repeats)]
-            theirs, rejax_error = [], None
-        else:
-            ours, theirs, rejax_error = paired_throughput(args, budgets, workdir)
-        rows = [bench_rlx(args, budgets, workdir, ours)]
+        speeds = throughput_runs(args, budgets, workdir)
+        rows = [bench_rlx(args, budgets, workdir, speeds["rlx"])]
         if not args.skip_rejax:
-            rejax = bench_peer(REJAX, args, budgets, workdir, theirs) if rejax_error is None else Row("rejax", error=rejax_error)
-            if len(theirs) == len(ours) > 1:
-                ratios = [a["steps_per_s"] / b["steps_per_s"] for a, b in zip(ours, theirs)]
-                rejax.notes.append("steps/s ratio rlx / rejax per pair of neighbouring runs: "
-                                   + ", ".join(f"{r:.2f}" for r in ratios) + f" (median {statistics.median(ratios):.2f})")
+            rejax = bench_peer(REJAX, args, budgets, workdir, speeds["rejax"])
+            ours, theirs = speeds["rlx"][0], speeds["rejax"][0]
+            if not rejax.error and len(theirs) == len(ours) > 1:
+                rejax.notes.append(pair_ratios(ours, theirs))
             rows.append(rejax)
         if not args.skip_sb3:
             rows.append(bench_peer(SB3, args, budgets, workdir))
