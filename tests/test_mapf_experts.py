@@ -99,3 +99,37 @@ def test_pibt_moves_execute_unchanged_in_the_environment():
         np.testing.assert_array_equal(state.positions, solution.paths[t + 1])
     assert terminated.all() and float(info["csr"]) == 1.0
     assert float(info["makespan"]) == len(solution.actions)
+
+
+def test_lifelong_goal_sequences_stay_in_each_agents_component_and_never_repeat_a_goal_at_once():
+    from rlx.envs.mapf import instances
+
+    for grid, starts, sequences in instances.lifelong_instances(6, 16, 12, seed=3, size=(9, 12)):
+        labels = maps.connected_components(grid)
+        assert sequences.shape == (16, 12, 2)
+        for start, sequence in zip(starts, sequences):
+            assert all(labels[tuple(goal)] == labels[tuple(start)] and not grid[tuple(goal)] for goal in sequence)
+            assert np.all(np.any(sequence[1:] != sequence[:-1], axis=-1))
+        assert len({tuple(goal) for goal in sequences[:, 0].tolist()}) == 16  # first goals distinct
+        instances.check_instance(grid, starts, sequences)
+
+
+def test_lifelong_pibt_is_valid_and_the_restart_environment_counts_the_same_arrivals():
+    """PIBT following goal sequences hands the environment conflict-free moves; in ``restart`` mode the
+    environment hands out the same next goals, so its throughput is PIBT's arrivals over the horizon."""
+    from rlx.envs.mapf import evaluation, instances
+    from rlx.envs.mapf.env import MapfEnv
+
+    horizon, n = 40, 10
+    drawn = instances.lifelong_instances(3, n, 16, seed=4, size=(9, 11))
+    solutions = [experts.pibt(grid, starts, goals, horizon, seed=i, lifelong=True)
+                 for i, (grid, starts, goals) in enumerate(drawn)]
+    for (grid, _, goals), solution in zip(drawn, solutions):
+        assert solution.paths.shape == (horizon + 1, n, 2)
+        experts.check_paths(grid, solution.paths, goals[:, 0])
+    pool = instances.from_instances(drawn, horizon, num_agents=n, shape=(11, 11))
+    actions = experts.joint_actions(solutions, horizon, n)
+    metrics = evaluation.evaluate_actions(MapfEnv(n, 2, "soft", "restart", pool), pool, actions)
+    reached = np.array([solution.goals_reached for solution in solutions])
+    assert reached.min() > n  # most agents pass several goals in 40 steps on these small maps
+    np.testing.assert_allclose(metrics["throughput"] * horizon, reached)

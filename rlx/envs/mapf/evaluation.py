@@ -78,9 +78,11 @@ def greedy_shortest_path(num_agents: int) -> Callable:
     return act
 
 
-def solver_actions(instances: list[tuple], solver: str, horizon: int, num_agents: int) -> np.ndarray:
-    """``[M, horizon, num_agents]`` joint actions of a host solver on each instance (parallel processes)."""
-    solutions = experts.solve_all(instances, solver, horizon)
+def solver_actions(instances: list[tuple], solver: str, horizon: int, num_agents: int,
+                   lifelong: bool = False) -> np.ndarray:
+    """``[M, horizon, num_agents]`` joint actions of a host solver on each instance (parallel processes);
+    ``lifelong``: following the instances' goal sequences as ``restart`` mode hands them out."""
+    solutions = experts.solve_all(instances, solver, horizon, lifelong=lifelong)
     return experts.joint_actions(solutions, horizon, num_agents)
 
 

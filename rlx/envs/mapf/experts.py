@@ -22,6 +22,7 @@ MOVES = np.array([[0, 0], [-1, 0], [1, 0], [0, -1], [0, 1]])  # the environment'
 class Solution:
     paths: np.ndarray  # int[T + 1, n, 2]
     finished: np.ndarray  # bool[n]: on its goal at the end
+    goals_reached: int = 0  # lifelong runs: arrivals on a current goal, each followed by the next goal
 
     @property
     def actions(self) -> np.ndarray:
@@ -88,7 +89,7 @@ def check_paths(blocked: np.ndarray, paths: np.ndarray, goals: np.ndarray, finis
 
 
 def pibt(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps: int, seed: int = 0,
-         stop_when_all_arrived: bool = True) -> Solution:
+         stop_when_all_arrived: bool = True, lifelong: bool = False) -> Solution:
     """Priority Inheritance with Backtracking (Okumura et al., 2019), one joint step at a time.
 
     Each step, agents in priority order (those longest away from their goal
@@ -96,18 +97,32 @@ def pibt(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps: 
     occupied cell lends its priority to the occupant, which must move away or
     the requester tries its next choice. Never produces a vertex conflict or a
     swap; complete for reachability on biconnected graphs, not optimal.
+
+    ``lifelong``: ``goals`` are sequences ``[n, K, 2]``. An agent standing on
+    its goal after a step takes the next goal of its sequence (cyclically, as
+    ``MapfEnv``'s ``restart`` mode does) and drops back to the lowest
+    priority; the run lasts all ``max_steps`` and counts the arrivals.
     """
     rng = np.random.default_rng(seed)
     n = len(starts)
-    dist = [distances_to(blocked, g) for g in goals]
+    sequences = np.asarray(goals).reshape(n, -1, 2) if lifelong else np.asarray(goals).reshape(n, 1, 2)
+    fields: dict[tuple, np.ndarray] = {}
+
+    def distance(goal, cell):
+        if goal not in fields:
+            fields[goal] = distances_to(blocked, goal)
+        return fields[goal][cell]
+
+    index = np.zeros(n, np.int64)
+    goal = [tuple(map(int, sequences[i, 0])) for i in range(n)]
     position = [tuple(map(int, s)) for s in starts]
     priority = rng.random(n) / n  # tie-breakers below 1
-    paths = [list(position)]
+    paths, reached = [list(position)], 0
     for _ in range(max_steps):
-        if stop_when_all_arrived and all(position[i] == tuple(goals[i]) for i in range(n)):
+        if stop_when_all_arrived and not lifelong and all(position[i] == goal[i] for i in range(n)):
             break
         for i in range(n):
-            priority[i] = priority[i] % 1 if position[i] == tuple(goals[i]) else priority[i] + 1
+            priority[i] = priority[i] % 1 if position[i] == goal[i] else priority[i] + 1
         occupant = {cell: i for i, cell in enumerate(position)}
         nxt: list[tuple | None] = [None] * n
         reserved: dict[tuple, int] = {}
@@ -115,7 +130,7 @@ def pibt(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps: 
         def plan(i, parent):
             options = neighbours(blocked, position[i])
             rng.shuffle(options)
-            options.sort(key=lambda cell: dist[i][cell])
+            options.sort(key=lambda cell: distance(goal[i], cell))
             for cell in options:
                 if cell in reserved or (parent is not None and cell == position[parent]):
                     continue
@@ -134,8 +149,15 @@ def pibt(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps: 
                 plan(int(i), None)
         position = [tuple(cell) for cell in nxt]
         paths.append(list(position))
+        if lifelong:
+            for i in range(n):
+                if position[i] == goal[i]:
+                    index[i] = (index[i] + 1) % sequences.shape[1]
+                    goal[i] = tuple(map(int, sequences[i, index[i]]))
+                    priority[i] %= 1
+                    reached += 1
     paths = np.array(paths, np.int64)
-    return Solution(paths, np.all(paths[-1] == goals, axis=-1))
+    return Solution(paths, np.all(paths[-1] == np.array(goal), axis=-1), reached)
 
 
 # -- prioritized planning with space-time A* ---------------------------------------------------------
@@ -215,18 +237,25 @@ SOLVERS = {"pibt": pibt, "prioritized": prioritized_planning}
 
 
 def _solve(args):
-    solver, grid, starts, goals, max_steps, seed = args
+    solver, grid, starts, goals, max_steps, seed, lifelong = args
+    if lifelong:
+        return pibt(grid, starts, goals, max_steps, seed, lifelong=True)
     return SOLVERS[solver](grid, starts, goals, max_steps, seed)
 
 
 def solve_all(instances: list[tuple], solver: str = "pibt", max_steps: int = 128, seed: int = 0,
-              processes: int | None = None) -> list[Solution]:
-    """Solve ``(blocked, starts, goals)`` instances in parallel processes (the solvers are NumPy)."""
+              processes: int | None = None, lifelong: bool = False) -> list[Solution]:
+    """Solve ``(blocked, starts, goals)`` instances in parallel processes (the solvers are NumPy).
+
+    ``lifelong``: PIBT only, following each agent's goal sequence ``goals [n, K, 2]`` for ``max_steps``.
+    """
     import multiprocessing
 
     if solver not in SOLVERS:
         raise ValueError(f"solver {solver!r}: valid: {', '.join(SOLVERS)}")
-    jobs = [(solver, g, s, goals[:, 0] if goals.ndim == 3 else goals, max_steps, seed + i)
+    if lifelong and solver != "pibt":
+        raise ValueError(f"solver {solver!r} plans for fixed goals; lifelong runs: pibt")
+    jobs = [(solver, g, s, goals if lifelong or goals.ndim == 2 else goals[:, 0], max_steps, seed + i, lifelong)
             for i, (g, s, goals) in enumerate(instances)]
     processes = processes or multiprocessing.cpu_count()
     if processes == 1 or len(jobs) < 4:

@@ -61,17 +61,18 @@ def from_instances(instances: list[tuple], max_steps_in_episode: int = 64, rando
 
 
 def check_instance(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, index: int = 0) -> None:
-    """Starts and goals inside the map, on free cells, starts distinct, goals distinct, goals reachable."""
+    """Starts and goals (``[n, K, 2]`` sequences) inside the map, on free cells, starts distinct, first goals
+    distinct, every goal reachable from its agent's start."""
     h, w = blocked.shape
     labels = maps.connected_components(blocked)
-    for what, cells in (("start", starts), ("goal", goals[:, 0])):
-        for agent, (r, c) in enumerate(cells):
+    for what, cells in (("start", starts[:, None]), ("goal", goals)):
+        for agent, (r, c) in ((agent, cell) for agent, sequence in enumerate(cells) for cell in sequence):
             if not (0 <= r < h and 0 <= c < w) or blocked[r, c]:
                 raise ConfigError(f"instance {index}: agent {agent}'s {what} ({r}, {c}) is not a free cell of the map")
-        if len({tuple(cell) for cell in cells.tolist()}) < len(cells):
+        if len({tuple(cell) for cell in cells[:, 0].tolist()}) < len(cells):
             raise ConfigError(f"instance {index}: two agents share a {what}")
-    for agent, (start, goal) in enumerate(zip(starts, goals[:, 0])):
-        if labels[tuple(start)] != labels[tuple(goal)]:
+    for agent, (start, sequence) in enumerate(zip(starts, goals)):
+        if any(labels[tuple(start)] != labels[tuple(goal)] for goal in sequence):
             raise ConfigError(f"instance {index}: agent {agent}'s goal is not reachable from its start")
 
 
@@ -90,6 +91,34 @@ def random_instances(count: int, num_agents: int, seed: int = 0, size: tuple[int
             continue
         instances.append((grid, starts, goals))
     return instances
+
+
+def lifelong_instances(count: int, num_agents: int, goals_per_agent: int, seed: int = 0,
+                       size: tuple[int, int] = (17, 21), density: tuple[float, float] = (0.1, 0.3)) -> list[tuple]:
+    """``random_instances`` with goal sequences ``[n, goals_per_agent, 2]`` for lifelong (``restart``) runs.
+
+    After the first goal, each next goal is a uniformly drawn free cell of the
+    agent's component other than its previous goal (as POGEMA draws lifelong
+    targets: other agents' goals may coincide). Fixed in advance, so a host
+    solver and the environment follow the same sequences.
+    """
+    rng = np.random.default_rng(seed + 1)
+    out, batch = [], 0
+    while len(out) < count:
+        for grid, starts, first in random_instances(count, num_agents, seed + 7919 * batch, size, density):
+            labels = maps.connected_components(grid)
+            components = [np.argwhere(labels == labels[tuple(start)]) for start in starts]
+            if len(out) == count or min(map(len, components)) < 2:
+                continue  # an agent walled into one cell would "arrive" on every step
+            sequences = np.zeros((num_agents, goals_per_agent, 2), np.int32)
+            sequences[:, 0] = first
+            for agent, cells in enumerate(components):
+                for k in range(1, goals_per_agent):
+                    options = cells[np.any(cells != sequences[agent, k - 1], axis=1)]
+                    sequences[agent, k] = options[rng.integers(len(options))]
+            out.append((grid, starts, sequences))
+        batch += 1
+    return out
 
 
 def random_pool(count: int, num_agents: int, seed: int = 0, size: tuple[int, int] = (17, 21),
