@@ -48,6 +48,31 @@ def test_prioritized_planning_complete_solutions_are_valid(seed, side, density, 
         assert len(solution.paths) - 1 >= max(single)  # no agent beats its own shortest path
 
 
+@settings(max_examples=30, deadline=None)
+@given(**instance_strategy)
+def test_lacam_paths_are_always_valid(seed, side, density, agents):
+    instance = draw(seed, side, density, agents)
+    if instance is None:
+        return
+    grid, starts, goals = instance
+    solution = experts.lacam(grid, starts, goals, max_steps=4 * side, node_limit=300)
+    experts.check_paths(grid, solution.paths, goals, solution.finished)
+    np.testing.assert_array_equal(solution.paths[0], starts)
+
+
+def test_lacam_solves_a_corridor_swap_where_pibt_goes_round_in_circles():
+    """Two agents swap ends of a corridor with one side pocket, a third must end on the pocket's mouth:
+    PIBT keeps pushing back and forth; LaCAM's search over joint configurations finds the detour."""
+    grid = maps.from_strings([".....", "##.##", "##.##"])
+    starts, goals = np.array([[0, 0], [0, 4], [2, 2]]), np.array([[0, 4], [0, 0], [0, 2]])
+    assert not experts.pibt(grid, starts, goals, 60, seed=0).finished.all()
+    for seed in range(3):
+        solution = experts.lacam(grid, starts, goals, 60, seed)
+        assert solution.finished.all()
+        experts.check_paths(grid, solution.paths, goals, solution.finished)
+        assert len(solution.paths) - 1 <= 10  # it finds 6- or 7-step solutions with these seeds
+
+
 def test_checker_catches_each_kind_of_error():
     grid = maps.from_strings(["...", ".#.", "..."])
     goals = np.array([[0, 2], [0, 0]])
@@ -70,7 +95,7 @@ def test_both_solvers_solve_a_sparse_instance_and_actions_replay_the_paths():
     rng = np.random.default_rng(0)
     grid = maps.random_map(16, 0.1, rng)
     starts, goals = maps.sample_instance(grid, 8, rng)
-    for solve in (experts.pibt, experts.prioritized_planning):
+    for solve in (experts.pibt, experts.prioritized_planning, experts.lacam):
         solution = solve(grid, starts, goals, 64)
         assert solution.finished.all(), solve.__name__
         replayed = starts + np.cumsum(experts.MOVES[solution.actions], axis=0)

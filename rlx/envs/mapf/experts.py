@@ -60,6 +60,11 @@ def neighbours(blocked: np.ndarray, cell) -> list[tuple[int, int]]:
     return out
 
 
+def neighbour_table(blocked: np.ndarray) -> dict[tuple[int, int], tuple[tuple[int, int], ...]]:
+    """``neighbours`` of every free cell, computed once: the solvers ask for them on every move they try."""
+    return {(int(r), int(c)): tuple(neighbours(blocked, (r, c))) for r, c in np.argwhere(~blocked)}
+
+
 def check_paths(blocked: np.ndarray, paths: np.ndarray, goals: np.ndarray, finished: np.ndarray | None = None) -> None:
     """Raise ``AssertionError`` naming the step and agents of the first invalid thing in ``paths``."""
     steps, n, _ = paths.shape
@@ -113,6 +118,7 @@ def pibt(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps: 
             fields[goal] = distances_to(blocked, goal)
         return fields[goal][cell]
 
+    moves = neighbour_table(blocked)
     index = np.zeros(n, np.int64)
     goal = [tuple(map(int, sequences[i, 0])) for i in range(n)]
     position = [tuple(map(int, s)) for s in starts]
@@ -128,7 +134,7 @@ def pibt(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps: 
         reserved: dict[tuple, int] = {}
 
         def plan(i, parent):
-            options = neighbours(blocked, position[i])
+            options = list(moves[position[i]])
             rng.shuffle(options)
             options.sort(key=lambda cell: distance(goal[i], cell))
             for cell in options:
@@ -158,6 +164,114 @@ def pibt(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps: 
                     reached += 1
     paths = np.array(paths, np.int64)
     return Solution(paths, np.all(paths[-1] == np.array(goal), axis=-1), reached)
+
+
+# -- LaCAM ----------------------------------------------------------------------------------------------
+
+
+def _constrained_step(moves, position, dist_of, priority, constraints, rng) -> tuple | None:
+    """One PIBT joint step in which the agents of ``constraints`` ((agent, cell) pairs) must move to the
+    given cells; the next configuration, or None when no conflict-free one respects them."""
+    n = len(position)
+    nxt: list[tuple | None] = [None] * n
+    reserved: dict[tuple, int] = {}
+    for i, cell in constraints:
+        if cell in reserved:
+            return None
+        nxt[i], reserved[cell] = cell, i
+    occupant = {cell: i for i, cell in enumerate(position)}
+
+    def plan(i, parent):
+        options = list(moves[position[i]])
+        rng.shuffle(options)
+        options.sort(key=lambda cell: dist_of(i, cell))
+        for cell in options:
+            if cell in reserved or (parent is not None and cell == position[parent]):
+                continue
+            j = occupant.get(cell)
+            if j is not None and j != i and nxt[j] == position[i]:
+                continue  # j is already bound for i's cell: a swap
+            reserved[cell], nxt[i] = i, cell
+            if j is not None and j != i and nxt[j] is None and not plan(j, i):
+                continue
+            return True
+        nxt[i] = position[i]
+        return False
+
+    for i in np.argsort(-priority):
+        if nxt[i] is None:
+            plan(int(i), None)
+    if len(set(nxt)) < n:
+        return None
+    for i in range(n):
+        j = occupant.get(nxt[i])
+        if j is not None and j != i and nxt[j] == position[i]:
+            return None
+    return tuple(nxt)
+
+
+def lacam(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps: int, seed: int = 0,
+          node_limit: int = 20_000) -> Solution:
+    """LaCAM (Okumura, AAAI 2023): depth-first search over joint configurations, PIBT generating successors.
+
+    Each search node is a joint configuration with a lazily grown tree of
+    constraints ("agent i moves to cell v"); expanding a node takes its next
+    constraint set, adds one more constrained agent's options to the tree, and
+    asks PIBT for a configuration that respects the set. Revisited
+    configurations are not duplicated, so the search is complete on a finite
+    graph: it returns a solution whenever one exists, given enough nodes.
+    Within ``node_limit`` nodes it returns the first solution found (not
+    optimal); without one, the path to the explored configuration closest to
+    the goals (``finished`` then tells who arrived). Paths are cut at ``max_steps``.
+    """
+    rng = np.random.default_rng(seed)
+    n = len(starts)
+    goal = tuple(tuple(map(int, g)) for g in goals)
+    fields = [distances_to(blocked, g) for g in goal]
+    moves = neighbour_table(blocked)
+    dist_of = lambda i, cell: fields[i][cell]  # noqa: E731
+    h = lambda config: sum(int(fields[i][config[i]]) for i in range(n))  # noqa: E731
+
+    start = tuple(tuple(map(int, s)) for s in starts)
+    # per configuration: parent configuration, agent order, pending constraint sets, priorities
+    parent: dict[tuple, tuple | None] = {start: None}
+    pending: dict[tuple, deque] = {start: deque([()])}
+    priority: dict[tuple, np.ndarray] = {start: rng.random(n) / n + np.array([fields[i][start[i]] for i in range(n)])}
+    open_stack, best, expansions = [start], start, 0
+    while open_stack and len(parent) <= node_limit and expansions < 4 * node_limit:
+        expansions += 1
+        config = open_stack[-1]
+        if config == goal:
+            best = config
+            break
+        if not pending[config]:
+            open_stack.pop()
+            continue
+        constraints = pending[config].popleft()
+        order = np.argsort(-priority[config])
+        if len(constraints) < n:
+            i = int(order[len(constraints)])
+            options = list(moves[config[i]])
+            rng.shuffle(options)
+            pending[config].extend(constraints + ((i, cell),) for cell in options)
+        successor = _constrained_step(moves, config, dist_of, priority[config], constraints, rng)
+        if successor is None:
+            continue
+        if successor in parent:
+            open_stack.append(successor)  # known: search on from it again rather than duplicating it
+            continue
+        parent[successor] = config
+        pending[successor] = deque([()])
+        arrived = np.array([successor[i] == goal[i] for i in range(n)])
+        priority[successor] = np.where(arrived, priority[config] % 1, priority[config] + 1)
+        open_stack.append(successor)
+        if h(successor) < h(best):
+            best = successor
+    path = [best]
+    while parent[path[-1]] is not None:
+        path.append(parent[path[-1]])
+    paths = np.array(path[::-1][:max_steps + 1], np.int64)
+    return Solution(paths, np.all(paths[-1] == np.array(goal), axis=-1))
 
 
 # -- prioritized planning with space-time A* ---------------------------------------------------------
@@ -233,7 +347,7 @@ def prioritized_planning(blocked: np.ndarray, starts: np.ndarray, goals: np.ndar
 
 # -- expert data in bulk ---------------------------------------------------------------------------------
 
-SOLVERS = {"pibt": pibt, "prioritized": prioritized_planning}
+SOLVERS = {"pibt": pibt, "prioritized": prioritized_planning, "lacam": lacam}
 
 
 def _solve(args):

@@ -5,7 +5,7 @@ obstacle density 0.1-0.3, horizon 128, soft collisions, ``nothing`` mode), a
 fixed number of maps per agent count N in {8, 16, 32, 64}, drawn with seeds
 that no training pool uses. Rows: random actions, every agent on its own shortest path
 (no coordination; the environment resolves conflicts), PIBT, prioritized planning
-(space-time A*), the centralized map policy (``+exp=mapf_map_policy``, trained
+(space-time A*), LaCAM (search over joint configurations), the centralized map policy (``+exp=mapf_map_policy``, trained
 at N=32 and applied at every N: it is size- and count-agnostic), and
 decentralized MAPPO (``+exp=mappo_mapf_random``, N=16 only: its actor input
 carries a 16-way agent id). Every method's joint actions run in ``MapfEnv``;
@@ -111,7 +111,8 @@ def reproduce(out: Path, quick: bool, skip_training: bool) -> Path:
         whole_map = MapfEnv(n, 5, "soft", "nothing", pool, observation="map")
         rows.setdefault("shortest path, no coordination", {})[n] = evaluation.summarize(
             evaluation.evaluate_policy(whole_map, pool, evaluation.greedy_shortest_path(n), jax.random.PRNGKey(n)))
-        for label, solver in (("PIBT", "pibt"), ("prioritized planning (space-time A*)", "prioritized")):
+        for label, solver in (("PIBT", "pibt"), ("prioritized planning (space-time A*)", "prioritized"),
+                              ("LaCAM (ours, Python, at most 20,000 configurations)", "lacam")):
             actions = evaluation.solver_actions(drawn, solver, HORIZON, n)
             rows.setdefault(label, {})[n] = evaluation.summarize(evaluation.evaluate_actions(local, pool, actions))
         for label, (preset, run_dir) in learned.items():
