@@ -93,6 +93,51 @@ def check_paths(blocked: np.ndarray, paths: np.ndarray, goals: np.ndarray, finis
 # -- PIBT ----------------------------------------------------------------------------------------------
 
 
+def pibt_step(moves: dict, position: list[tuple], distance, priority: np.ndarray, rng,
+              constraints: tuple = ()) -> tuple | None:
+    """One joint PIBT step: each agent's next cell, or None when no conflict-free step exists.
+
+    ``moves``: ``neighbour_table``; ``distance(i, cell)``: agent i's cost-to-go;
+    agents plan in decreasing ``priority``. ``constraints`` ((agent, cell)
+    pairs, LaCAM's) fix those agents' next cells first; plain PIBT has none
+    and always succeeds.
+    """
+    n = len(position)
+    nxt: list[tuple | None] = [None] * n
+    reserved: dict[tuple, int] = {}
+    for i, cell in constraints:
+        if cell in reserved:
+            return None
+        nxt[i], reserved[cell] = cell, i
+    occupant = {cell: i for i, cell in enumerate(position)}
+
+    def plan(i, parent):
+        options = list(moves[position[i]])
+        rng.shuffle(options)
+        options.sort(key=lambda cell: distance(i, cell))
+        for cell in options:
+            if cell in reserved or (parent is not None and cell == position[parent]):
+                continue
+            j = occupant.get(cell)
+            if j is not None and j != i and nxt[j] == position[i]:
+                continue  # j is already bound for i's cell: a swap
+            reserved[cell], nxt[i] = i, cell
+            if j is not None and j != i and nxt[j] is None and not plan(j, i):
+                continue
+            return True
+        nxt[i], reserved[position[i]] = position[i], i
+        return False
+
+    for i in np.argsort(-priority):
+        if nxt[i] is None:
+            plan(int(i), None)
+    if len(set(nxt)) < n:
+        return None
+    if any(nxt[j] == position[i] for i in range(n) if (j := occupant.get(nxt[i])) is not None and j != i):
+        return None
+    return tuple(nxt)
+
+
 def pibt(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps: int, seed: int = 0,
          stop_when_all_arrived: bool = True, lifelong: bool = False) -> Solution:
     """Priority Inheritance with Backtracking (Okumura et al., 2019), one joint step at a time.
@@ -129,31 +174,9 @@ def pibt(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps: 
             break
         for i in range(n):
             priority[i] = priority[i] % 1 if position[i] == goal[i] else priority[i] + 1
-        occupant = {cell: i for i, cell in enumerate(position)}
-        nxt: list[tuple | None] = [None] * n
-        reserved: dict[tuple, int] = {}
-
-        def plan(i, parent):
-            options = list(moves[position[i]])
-            rng.shuffle(options)
-            options.sort(key=lambda cell: distance(goal[i], cell))
-            for cell in options:
-                if cell in reserved or (parent is not None and cell == position[parent]):
-                    continue
-                reserved[cell] = i
-                nxt[i] = cell
-                j = occupant.get(cell)
-                if j is not None and j != i and nxt[j] is None and not plan(j, i):
-                    continue
-                return True
-            nxt[i] = position[i]
-            reserved[position[i]] = i
-            return False
-
-        for i in np.argsort(-priority):
-            if nxt[i] is None:
-                plan(int(i), None)
-        position = [tuple(cell) for cell in nxt]
+        step = pibt_step(moves, position, lambda i, cell: distance(goal[i], cell), priority, rng)
+        assert step is not None, "unconstrained PIBT always finds a conflict-free step"
+        position = list(step)
         paths.append(list(position))
         if lifelong:
             for i in range(n):
@@ -167,47 +190,6 @@ def pibt(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps: 
 
 
 # -- LaCAM ----------------------------------------------------------------------------------------------
-
-
-def _constrained_step(moves, position, dist_of, priority, constraints, rng) -> tuple | None:
-    """One PIBT joint step in which the agents of ``constraints`` ((agent, cell) pairs) must move to the
-    given cells; the next configuration, or None when no conflict-free one respects them."""
-    n = len(position)
-    nxt: list[tuple | None] = [None] * n
-    reserved: dict[tuple, int] = {}
-    for i, cell in constraints:
-        if cell in reserved:
-            return None
-        nxt[i], reserved[cell] = cell, i
-    occupant = {cell: i for i, cell in enumerate(position)}
-
-    def plan(i, parent):
-        options = list(moves[position[i]])
-        rng.shuffle(options)
-        options.sort(key=lambda cell: dist_of(i, cell))
-        for cell in options:
-            if cell in reserved or (parent is not None and cell == position[parent]):
-                continue
-            j = occupant.get(cell)
-            if j is not None and j != i and nxt[j] == position[i]:
-                continue  # j is already bound for i's cell: a swap
-            reserved[cell], nxt[i] = i, cell
-            if j is not None and j != i and nxt[j] is None and not plan(j, i):
-                continue
-            return True
-        nxt[i] = position[i]
-        return False
-
-    for i in np.argsort(-priority):
-        if nxt[i] is None:
-            plan(int(i), None)
-    if len(set(nxt)) < n:
-        return None
-    for i in range(n):
-        j = occupant.get(nxt[i])
-        if j is not None and j != i and nxt[j] == position[i]:
-            return None
-    return tuple(nxt)
 
 
 def lacam(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps: int, seed: int = 0,
@@ -254,7 +236,7 @@ def lacam(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps:
             options = list(moves[config[i]])
             rng.shuffle(options)
             pending[config].extend(constraints + ((i, cell),) for cell in options)
-        successor = _constrained_step(moves, config, dist_of, priority[config], constraints, rng)
+        successor = pibt_step(moves, config, dist_of, priority[config], rng, constraints)
         if successor is None:
             continue
         if successor in parent:
@@ -320,6 +302,7 @@ def prioritized_planning(blocked: np.ndarray, starts: np.ndarray, goals: np.ndar
     goal_reserved_from: dict = {}  # cell -> time from which an agent rests there
     last_visit: dict = {}  # cell -> last time a planned path is on it
     paths: list[list | None] = [None] * n
+    stuck_agents: list[int] = []
     for i in order:
         dist = distances_to(blocked, goals[i])
         path = space_time_astar(blocked, starts[i], goals[i], dist, vertex_reserved, edge_reserved,
@@ -327,6 +310,7 @@ def prioritized_planning(blocked: np.ndarray, starts: np.ndarray, goals: np.ndar
         if path is None or goal_reserved_from.get(tuple(map(int, starts[i])), max_steps + 1) <= 0:
             path = [tuple(map(int, starts[i]))]
             stuck = True
+            stuck_agents.append(i)
         else:
             stuck = False
         for t, cell in enumerate(path):
@@ -342,7 +326,9 @@ def prioritized_planning(blocked: np.ndarray, starts: np.ndarray, goals: np.ndar
         paths[i] = path
     horizon = max(len(p) for p in paths)
     full = np.array([[p[min(t, len(p) - 1)] for p in paths] for t in range(horizon)], np.int64)
-    return Solution(full, np.all(full[-1] == goals, axis=-1))
+    finished = np.all(full[-1] == goals, axis=-1)
+    finished[stuck_agents] = False  # even one stuck on its own goal: earlier paths may run through it
+    return Solution(full, finished)
 
 
 # -- expert data in bulk ---------------------------------------------------------------------------------
