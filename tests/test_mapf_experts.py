@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -22,14 +23,20 @@ def draw(seed, side, density, agents):
     return grid, starts, goals
 
 
-@settings(max_examples=40, deadline=None)
+# LaCAM within a small node budget: its partial answers must be valid too
+ALWAYS_VALID = {"pibt": lambda grid, s, g, side: experts.pibt(grid, s, g, max_steps=3 * side),
+                "lacam": lambda grid, s, g, side: experts.lacam(grid, s, g, max_steps=4 * side, node_limit=300)}
+
+
+@pytest.mark.parametrize("solver", sorted(ALWAYS_VALID))
+@settings(max_examples=35, deadline=None)
 @given(**instance_strategy)
-def test_pibt_paths_are_always_valid(seed, side, density, agents):
+def test_pibt_and_lacam_paths_are_always_valid(solver, seed, side, density, agents):
     instance = draw(seed, side, density, agents)
     if instance is None:
         return
     grid, starts, goals = instance
-    solution = experts.pibt(grid, starts, goals, max_steps=3 * side)
+    solution = ALWAYS_VALID[solver](grid, starts, goals, side)
     experts.check_paths(grid, solution.paths, goals, solution.finished)
     np.testing.assert_array_equal(solution.paths[0], starts)
 
@@ -47,18 +54,6 @@ def test_prioritized_planning_complete_solutions_are_valid(seed, side, density, 
         experts.check_paths(grid, solution.paths, goals, solution.finished)
         single = [experts.distances_to(grid, g)[tuple(s)] for s, g in zip(starts, goals)]
         assert len(solution.paths) - 1 >= max(single)  # no agent beats its own shortest path
-
-
-@settings(max_examples=30, deadline=None)
-@given(**instance_strategy)
-def test_lacam_paths_are_always_valid(seed, side, density, agents):
-    instance = draw(seed, side, density, agents)
-    if instance is None:
-        return
-    grid, starts, goals = instance
-    solution = experts.lacam(grid, starts, goals, max_steps=4 * side, node_limit=300)
-    experts.check_paths(grid, solution.paths, goals, solution.finished)
-    np.testing.assert_array_equal(solution.paths[0], starts)
 
 
 def test_lacam_solves_a_corridor_swap_where_pibt_goes_round_in_circles():
