@@ -154,3 +154,52 @@ def test_lifelong_pibt_is_valid_and_the_restart_environment_counts_the_same_arri
     reached = np.array([solution.goals_reached for solution in solutions])
     assert reached.min() > n  # most agents pass several goals in 40 steps on these small maps
     np.testing.assert_allclose(metrics["throughput"] * horizon, reached)
+
+
+@settings(max_examples=30, deadline=None)
+@given(**instance_strategy)
+def test_pibt_shield_turns_any_preferences_into_a_conflict_free_step(seed, side, density, agents):
+    instance = draw(seed, side, density, agents)
+    if instance is None:
+        return
+    grid, starts, goals = instance
+    rng = np.random.default_rng(seed)
+    position = [tuple(map(int, s)) for s in starts]
+    actions = experts.pibt_shield(experts.neighbour_table(grid), position, goals, rng.normal(size=(agents, 5)),
+                                  np.zeros(agents), rng)
+    experts.check_paths(grid, np.stack([starts, starts + experts.MOVES[actions]]), goals)
+
+
+def test_pibt_shield_takes_each_agents_favourite_move_unless_it_conflicts():
+    grid = maps.from_strings([".....", "##.##"])
+    starts, goals = np.array([[0, 1], [0, 3]]), np.array([[0, 4], [0, 0]])
+    scores = np.full((2, 5), -5.0)
+    scores[0, 4] = scores[1, 3] = 5.0  # both want the middle cell (0, 2): right and left
+    scores[1, 0] = 1.0  # the second agent's next choice: wait
+    priority = np.array([0.5, 0.1])  # the first agent plans first
+    actions = experts.pibt_shield(experts.neighbour_table(grid), [(0, 1), (0, 3)], goals, scores, priority,
+                                  np.random.default_rng(0))
+    np.testing.assert_array_equal(actions, [4, 0])
+    np.testing.assert_allclose(priority, [1.5, 1.1])  # neither stands on its goal: both gain priority
+
+
+def test_shielded_actions_replay_unchanged_in_the_environment():
+    """The host loop's joint actions never conflict, so the environment carries out every move as chosen."""
+    import jax
+    import jax.numpy as jnp
+
+    from rlx.envs.mapf import evaluation, instances
+    from rlx.envs.mapf.env import MapfEnv
+
+    drawn = instances.random_instances(3, 6, seed=2, size=(7, 9))
+    pool = instances.from_instances(drawn, 12, num_agents=6, shape=(9, 9))
+    env = MapfEnv(6, 2, "soft", "nothing", pool)
+    uniform = lambda obs: jnp.zeros(obs.shape[:2] + (5,))  # noqa: E731  (Gumbel noise alone: random rankings)
+    actions = evaluation.shielded_actions(env, pool, drawn, uniform, seed=1)
+    assert actions.shape == (3, 12, 6) and (actions != 0).any()
+    for m in range(3):
+        _, state = env.reset_to(m, jax.random.PRNGKey(0), pool)
+        for t in range(12):
+            before = np.asarray(state.positions)
+            _, state, _, _, _ = env.step_env(jax.random.PRNGKey(t), state, jnp.asarray(actions[m, t]), pool)
+            np.testing.assert_array_equal(state.positions, before + experts.MOVES[actions[m, t]])

@@ -148,6 +148,7 @@ class Agent(NamedTuple):
     update: Callable  # TrainState -> (TrainState, metrics)
     act: Callable  # (Policy, obs [..., n, H, W, C + 1], key, greedy, mask=None) -> actions [..., n]
     replay: Callable  # (instance, key) -> expert episode (planes, agent cells, active, actions)
+    logits: Callable  # (Policy, obs [..., n, H, W, C + 1]) -> each agent's action logits [..., n, 5]
 
 
 def make(config: Config, env, env_params) -> Agent:
@@ -168,9 +169,12 @@ def make(config: Config, env, env_params) -> Agent:
                     weight_decay=config.weight_decay),
     )
 
-    def act(policy: Policy, obs, key, greedy: bool = False, mask=None):
+    def logits_of(policy: Policy, obs):
         planes, me = obs[..., 0, :, :, :features], obs[..., features]
-        logits = agent_logits(network.apply(policy.params, planes), me)
+        return agent_logits(network.apply(policy.params, planes), me)
+
+    def act(policy: Policy, obs, key, greedy: bool = False, mask=None):
+        logits = logits_of(policy, obs)
         if mask is not None:
             logits = jnp.where(mask, logits, -1e9)
         return jnp.where(greedy, jnp.argmax(logits, -1), jax.random.categorical(key, logits)).astype(jnp.int32)
@@ -226,7 +230,7 @@ def make(config: Config, env, env_params) -> Agent:
                               env_steps=state.env_steps + config.num_envs * steps)
         return state, {"loss": loss, "train_return": accuracy, "grad_norm": optax.global_norm(grads)}
 
-    return Agent(init=init, update=update, act=act, replay=replay)
+    return Agent(init=init, update=update, act=act, replay=replay, logits=logits_of)
 
 
 def train(config: Config, env, env_params, key, num_updates: int | None = None):

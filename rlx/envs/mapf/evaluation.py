@@ -86,6 +86,33 @@ def solver_actions(instances: list[tuple], solver: str, horizon: int, num_agents
     return experts.joint_actions(solutions, horizon, num_agents)
 
 
+def shielded_actions(env: MapfEnv, pool: MapfParams, drawn: list[tuple], logits: Callable, seed: int = 0) -> np.ndarray:
+    """``[M, horizon, n]`` joint actions of a learned policy made conflict-free by PIBT (``experts.pibt_shield``).
+
+    A host loop over the horizon (PIBT runs in NumPy): at each step the policy
+    sees the environment's observations of all instances at once (``logits(obs
+    [M, n, ...]) -> [M, n, 5]``), Gumbel noise on its logits samples each
+    agent's ranking of moves, and PIBT turns the rankings into a joint step.
+    Every pool slot must hold an agent.
+    """
+    horizon, count, n = int(pool.max_steps_in_episode), len(drawn), env.num_agents
+    rng = np.random.default_rng(seed)
+    reset = jax.jit(jax.vmap(lambda i: env.reset_to(i, jax.random.PRNGKey(0), pool)))
+    step = jax.jit(jax.vmap(lambda state, actions: env.step_env(jax.random.PRNGKey(0), state, actions, pool)[:2]))
+    obs, state = reset(jnp.arange(count))
+    tables = [experts.neighbour_table(grid) for grid, _, _ in drawn]
+    priorities = rng.random((count, n)) / n
+    actions = np.zeros((count, horizon, n), np.int32)
+    for t in range(horizon):
+        scores = np.asarray(logits(obs)) + rng.gumbel(size=(count, n, len(experts.MOVES)))
+        positions, goals = np.asarray(state.positions), np.asarray(state.goals)
+        for m in range(count):
+            position = [tuple(map(int, cell)) for cell in positions[m]]
+            actions[m, t] = experts.pibt_shield(tables[m], position, goals[m], scores[m], priorities[m], rng)
+        obs, state = step(state, jnp.asarray(actions[:, t]))
+    return actions
+
+
 def summarize(metrics: dict[str, np.ndarray]) -> dict[str, float]:
     """Means over instances; SoC and makespan over the solved ones only (as MAPF papers report them)."""
     solved = metrics["csr"] > 0.5

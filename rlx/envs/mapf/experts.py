@@ -189,6 +189,27 @@ def pibt(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps: 
     return Solution(paths, np.all(paths[-1] == np.array(goal), axis=-1), reached)
 
 
+def pibt_shield(moves: dict, position: list[tuple], goals, scores: np.ndarray, priority: np.ndarray,
+                rng) -> np.ndarray:
+    """Conflict-free joint actions ``int[n]`` that follow a policy's preferences (collision shielding,
+    as in CS-PIBT: Veerapaneni et al., ICAPS 2024).
+
+    ``scores [n, 5]``: each agent's preference for each action (e.g. logits
+    plus Gumbel noise, which makes the ranking a sample of the policy). PIBT
+    then takes each agent's options in that order instead of by distance to
+    goal, with ``priority`` (updated here: reset on the goal, else +1) deciding
+    who yields. Never a vertex conflict or swap.
+    """
+    n = len(position)
+    for i in range(n):
+        priority[i] = priority[i] % 1 if position[i] == tuple(goals[i]) else priority[i] + 1
+    codes = {tuple(move): index for index, move in enumerate(MOVES)}
+    rank = lambda i, cell: -scores[i, codes[(cell[0] - position[i][0], cell[1] - position[i][1])]]  # noqa: E731
+    step = pibt_step(moves, position, rank, priority, rng)
+    assert step is not None, "unconstrained PIBT always finds a conflict-free step"
+    return np.array([codes[(r - position[i][0], c - position[i][1])] for i, (r, c) in enumerate(step)])
+
+
 # -- LaCAM ----------------------------------------------------------------------------------------------
 
 

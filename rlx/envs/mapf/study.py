@@ -127,6 +127,12 @@ def reproduce(out: Path, quick: bool, skip_training: bool) -> Path:
             for mode, act in acts.items():
                 rows.setdefault(f"{label}, {mode}", {})[n] = evaluation.summarize(
                     evaluation.evaluate_policy(env, pool, act, jax.random.PRNGKey(100 + n)))
+            if options == "map":
+                agent, policy = run.agent(0), run.policy(0, 0)
+                logits = jax.jit(lambda obs: agent.logits(policy, obs))
+                actions = evaluation.shielded_actions(env, pool, drawn, logits, seed=n)
+                rows.setdefault(f"{label} + PIBT shield (CS-PIBT)", {})[n] = evaluation.summarize(
+                    evaluation.evaluate_actions(local, pool, actions))
     print(f"[mapf_random] lifelong: N={LIFELONG_AGENTS}, {maps} maps", flush=True)
     lifelong = lifelong_rows(maps, {label: run_dir for label, (_, run_dir) in learned.items()})
     results = out / ("results_quick.md" if quick else "results.md")
