@@ -70,6 +70,9 @@ def lifelong_rows(maps: int, learned: dict[str, Path]) -> dict[str, dict]:
             continue  # agent-id inputs fix the count
         for mode, act in acts.items():
             rows[f"{label}, {mode}"] = evaluation.evaluate_policy(env(observation), pool, act, jax.random.PRNGKey(2))
+        if observation == "map":
+            rows[f"{label} + PIBT shield (CS-PIBT)"] = evaluation.evaluate_actions(
+                env(), pool, evaluation.shielded_actions(env("map"), pool, drawn, map_logits(run), seed=n))
     return {label: {"mean": float(np.mean(m["throughput"])), "std": float(np.std(m["throughput"]))}
             for label, m in rows.items()}
 
@@ -83,6 +86,12 @@ def trained_actors(run_dir: Path):
     acts = {mode: (lambda obs, key, greedy=(mode == "greedy"): agent.act(policy, obs, key, greedy))
             for mode in ("sampled", "greedy")}
     return acts, run
+
+
+def map_logits(run):
+    """``obs [M, n, ...] -> logits [M, n, 5]`` of seed 0 of a trained map policy, jitted."""
+    agent, policy = run.agent(0), run.policy(0, 0)
+    return jax.jit(lambda obs: agent.logits(policy, obs))
 
 
 def train(preset: str, run_dir: Path, overrides: tuple[str, ...]) -> None:
@@ -128,9 +137,7 @@ def reproduce(out: Path, quick: bool, skip_training: bool) -> Path:
                 rows.setdefault(f"{label}, {mode}", {})[n] = evaluation.summarize(
                     evaluation.evaluate_policy(env, pool, act, jax.random.PRNGKey(100 + n)))
             if options == "map":
-                agent, policy = run.agent(0), run.policy(0, 0)
-                logits = jax.jit(lambda obs: agent.logits(policy, obs))
-                actions = evaluation.shielded_actions(env, pool, drawn, logits, seed=n)
+                actions = evaluation.shielded_actions(env, pool, drawn, map_logits(run), seed=n)
                 rows.setdefault(f"{label} + PIBT shield (CS-PIBT)", {})[n] = evaluation.summarize(
                     evaluation.evaluate_actions(local, pool, actions))
     print(f"[mapf_random] lifelong: N={LIFELONG_AGENTS}, {maps} maps", flush=True)
