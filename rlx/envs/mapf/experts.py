@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 MOVES = np.array([[0, 0], [-1, 0], [1, 0], [0, -1], [0, 1]])  # the environment's actions
+MOVE_CODES = {tuple(map(int, move)): code for code, move in enumerate(MOVES)}  # (dr, dc) -> action
 
 
 @dataclass
@@ -28,8 +29,7 @@ class Solution:
     def actions(self) -> np.ndarray:
         """``int[T, n]``: the environment actions that follow the paths."""
         deltas = np.diff(self.paths, axis=0)
-        codes = {tuple(move): index for index, move in enumerate(MOVES)}
-        return np.vectorize(lambda dr, dc: codes[(dr, dc)])(deltas[..., 0], deltas[..., 1])
+        return np.vectorize(lambda dr, dc: MOVE_CODES[(dr, dc)])(deltas[..., 0], deltas[..., 1])
 
 
 def distances_to(blocked: np.ndarray, goal) -> np.ndarray:
@@ -91,6 +91,12 @@ def check_paths(blocked: np.ndarray, paths: np.ndarray, goals: np.ndarray, finis
 
 
 # -- PIBT ----------------------------------------------------------------------------------------------
+
+
+def raise_priorities(priority: np.ndarray, position, goals) -> np.ndarray:
+    """PIBT's priorities after a step: back to the tie-breaker (below 1) on the goal, else one higher."""
+    on_goal = np.array([tuple(cell) == tuple(goal) for cell, goal in zip(position, goals)])
+    return np.where(on_goal, priority % 1, priority + 1)
 
 
 def pibt_step(moves: dict, position: list[tuple], distance, priority: np.ndarray, rng,
@@ -172,8 +178,7 @@ def pibt(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps: 
     for _ in range(max_steps):
         if stop_when_all_arrived and not lifelong and all(position[i] == goal[i] for i in range(n)):
             break
-        for i in range(n):
-            priority[i] = priority[i] % 1 if position[i] == goal[i] else priority[i] + 1
+        priority = raise_priorities(priority, position, goal)
         step = pibt_step(moves, position, lambda i, cell: distance(goal[i], cell), priority, rng)
         assert step is not None, "unconstrained PIBT always finds a conflict-free step"
         position = list(step)
@@ -197,17 +202,14 @@ def pibt_shield(moves: dict, position: list[tuple], goals, scores: np.ndarray, p
     ``scores [n, 5]``: each agent's preference for each action (e.g. logits
     plus Gumbel noise, which makes the ranking a sample of the policy). PIBT
     then takes each agent's options in that order instead of by distance to
-    goal, with ``priority`` (updated here: reset on the goal, else +1) deciding
-    who yields. Never a vertex conflict or swap.
+    goal, with ``priority`` (raised here in place, as ``raise_priorities`` says)
+    deciding who yields. Never a vertex conflict or swap.
     """
-    n = len(position)
-    for i in range(n):
-        priority[i] = priority[i] % 1 if position[i] == tuple(goals[i]) else priority[i] + 1
-    codes = {tuple(move): index for index, move in enumerate(MOVES)}
-    rank = lambda i, cell: -scores[i, codes[(cell[0] - position[i][0], cell[1] - position[i][1])]]  # noqa: E731
+    priority[:] = raise_priorities(priority, position, goals)
+    rank = lambda i, cell: -scores[i, MOVE_CODES[(cell[0] - position[i][0], cell[1] - position[i][1])]]  # noqa: E731
     step = pibt_step(moves, position, rank, priority, rng)
     assert step is not None, "unconstrained PIBT always finds a conflict-free step"
-    return np.array([codes[(r - position[i][0], c - position[i][1])] for i, (r, c) in enumerate(step)])
+    return np.array([MOVE_CODES[(r - position[i][0], c - position[i][1])] for i, (r, c) in enumerate(step)])
 
 
 # -- LaCAM ----------------------------------------------------------------------------------------------
@@ -240,7 +242,7 @@ def lacam(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps:
     parent: dict[tuple, tuple | None] = {start: None}
     pending: dict[tuple, deque] = {start: deque([()])}
     priority: dict[tuple, np.ndarray] = {start: rng.random(n) / n + np.array([fields[i][start[i]] for i in range(n)])}
-    open_stack, best, expansions = [start], start, 0
+    open_stack, best, best_h, expansions = [start], start, h(start), 0
     while open_stack and len(parent) <= node_limit and expansions < 4 * node_limit:
         expansions += 1
         config = open_stack[-1]
@@ -251,9 +253,8 @@ def lacam(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps:
             open_stack.pop()
             continue
         constraints = pending[config].popleft()
-        order = np.argsort(-priority[config])
-        if len(constraints) < n:
-            i = int(order[len(constraints)])
+        if len(constraints) < n:  # the next agent in priority order gets its options as constraints
+            i = int(np.argsort(-priority[config])[len(constraints)])
             options = list(moves[config[i]])
             rng.shuffle(options)
             pending[config].extend(constraints + ((i, cell),) for cell in options)
@@ -265,11 +266,10 @@ def lacam(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps:
             continue
         parent[successor] = config
         pending[successor] = deque([()])
-        arrived = np.array([successor[i] == goal[i] for i in range(n)])
-        priority[successor] = np.where(arrived, priority[config] % 1, priority[config] + 1)
+        priority[successor] = raise_priorities(priority[config], successor, goal)
         open_stack.append(successor)
-        if h(successor) < h(best):
-            best = successor
+        if (cost := h(successor)) < best_h:
+            best, best_h = successor, cost
     path = [best]
     while parent[path[-1]] is not None:
         path.append(parent[path[-1]])

@@ -45,7 +45,7 @@ def lifelong_pool(maps: int):
     return drawn, instances.from_instances(drawn, LIFELONG_HORIZON, num_agents=LIFELONG_AGENTS, shape=(21, 21))
 
 
-def lifelong_rows(maps: int, learned: dict[str, Path]) -> dict[str, dict]:
+def lifelong_rows(maps: int, learned: dict[str, tuple]) -> dict[str, dict]:
     """Goal arrivals per step at N=64 in ``restart`` mode over ``LIFELONG_HORIZON`` steps, per method.
 
     Every method runs in ``MapfEnv`` on the same maps and goal sequences; PIBT
@@ -61,18 +61,7 @@ def lifelong_rows(maps: int, learned: dict[str, Path]) -> dict[str, dict]:
                 env("map"), pool, evaluation.greedy_shortest_path(n), jax.random.PRNGKey(1)),
             "PIBT": evaluation.evaluate_actions(
                 env(), pool, evaluation.solver_actions(drawn, "pibt", LIFELONG_HORIZON, n, lifelong=True))}
-    for label, run_dir in learned.items():
-        if not (run_dir / "summary.json").exists():
-            continue
-        acts, run = trained_actors(run_dir)
-        observation = getattr(run.parts.env, "observation", "local")
-        if observation == "local" and run.parts.env.num_agents != n:
-            continue  # agent-id inputs fix the count
-        for mode, act in acts.items():
-            rows[f"{label}, {mode}"] = evaluation.evaluate_policy(env(observation), pool, act, jax.random.PRNGKey(2))
-        if observation == "map":
-            rows[f"{label} + PIBT shield (CS-PIBT)"] = evaluation.evaluate_actions(
-                env(), pool, evaluation.shielded_actions(env("map"), pool, drawn, map_logits(run), seed=n))
+    rows.update(learned_metrics(learned, n, pool, drawn, "restart", jax.random.PRNGKey(2)))
     return {label: {"mean": float(np.mean(m["throughput"])), "std": float(np.std(m["throughput"]))}
             for label, m in rows.items()}
 
@@ -86,6 +75,31 @@ def trained_actors(run_dir: Path):
     acts = {mode: (lambda obs, key, greedy=(mode == "greedy"): agent.act(policy, obs, key, greedy))
             for mode in ("sampled", "greedy")}
     return acts, run
+
+
+def load_learned(learned: dict[str, Path]) -> dict[str, tuple]:
+    """``{label: trained_actors(run_dir)}`` for the finished runs among ``learned``, each loaded once."""
+    return {label: trained_actors(run_dir) for label, run_dir in learned.items()
+            if (run_dir / "summary.json").exists()}
+
+
+def learned_metrics(loaded: dict[str, tuple], n: int, pool, drawn: list[tuple], on_target: str,
+                    key) -> dict[str, dict[str, np.ndarray]]:
+    """Per-instance metrics of every loaded policy that can act with ``n`` agents: sampled, greedy and, for
+    map policies, PIBT-shielded (``evaluation.shielded_actions``)."""
+    rows = {}
+    for label, (acts, run) in loaded.items():
+        observation = getattr(run.parts.env, "observation", "local")
+        if observation == "local" and run.parts.env.num_agents != n:
+            continue  # agent-id inputs fix the count
+        env = MapfEnv(n, 5, "soft", on_target, pool, observation=observation)
+        for mode, act in acts.items():
+            rows[f"{label}, {mode}"] = evaluation.evaluate_policy(env, pool, act, key)
+        if observation == "map":
+            actions = evaluation.shielded_actions(env, pool, drawn, map_logits(run), seed=n)
+            rows[f"{label} + PIBT shield (CS-PIBT)"] = evaluation.evaluate_actions(
+                MapfEnv(n, 5, "soft", on_target, pool), pool, actions)
+    return rows
 
 
 def map_logits(run):
@@ -109,6 +123,7 @@ def reproduce(out: Path, quick: bool, skip_training: bool) -> Path:
     for preset, run_dir in learned.values():
         if not skip_training:
             train(preset, run_dir, quick_overrides if quick else ())
+    loaded = load_learned({label: run_dir for label, (_, run_dir) in learned.items()})
     rows: dict[str, dict[int, dict]] = {}
     started = time.time()
     for n in AGENT_COUNTS:
@@ -124,24 +139,10 @@ def reproduce(out: Path, quick: bool, skip_training: bool) -> Path:
                               ("LaCAM (ours, Python, at most 20,000 configurations)", "lacam")):
             actions = evaluation.solver_actions(drawn, solver, HORIZON, n)
             rows.setdefault(label, {})[n] = evaluation.summarize(evaluation.evaluate_actions(local, pool, actions))
-        for label, (preset, run_dir) in learned.items():
-            if not (run_dir / "summary.json").exists():
-                continue
-            acts, run = trained_actors(run_dir)
-            options = run.parts.env.observation if hasattr(run.parts.env, "observation") else "local"
-            trained_agents = run.parts.env.num_agents
-            if options == "local" and n != trained_agents:
-                continue  # agent-id inputs fix the count
-            env = MapfEnv(n, 5, "soft", "nothing", pool, observation=options)
-            for mode, act in acts.items():
-                rows.setdefault(f"{label}, {mode}", {})[n] = evaluation.summarize(
-                    evaluation.evaluate_policy(env, pool, act, jax.random.PRNGKey(100 + n)))
-            if options == "map":
-                actions = evaluation.shielded_actions(env, pool, drawn, map_logits(run), seed=n)
-                rows.setdefault(f"{label} + PIBT shield (CS-PIBT)", {})[n] = evaluation.summarize(
-                    evaluation.evaluate_actions(local, pool, actions))
+        for label, metrics in learned_metrics(loaded, n, pool, drawn, "nothing", jax.random.PRNGKey(100 + n)).items():
+            rows.setdefault(label, {})[n] = evaluation.summarize(metrics)
     print(f"[mapf_random] lifelong: N={LIFELONG_AGENTS}, {maps} maps", flush=True)
-    lifelong = lifelong_rows(maps, {label: run_dir for label, (_, run_dir) in learned.items()})
+    lifelong = lifelong_rows(maps, loaded)
     results = out / ("results_quick.md" if quick else "results.md")
     results.write_text(render(rows, maps, quick, time.time() - started) + render_lifelong(lifelong, maps))
     (out / ("results_quick.json" if quick else "results.json")).write_text(
