@@ -10,7 +10,8 @@ server continues with the first unanswered query.
 
 The server listens on 127.0.0.1 only (``port=0``: any free port) and prints
 ``serving http://127.0.0.1:PORT/``; ``open=true`` also opens that address in a browser. Its JSON
-API: ``GET /api/next`` (the next unanswered query with both segments' observations, and the
+API: ``GET /api/next`` (the next unanswered query with both segments' observations and
+``absorbing`` flags -- 1 where the episode had ended, drawn as "episode over" -- and the
 progress) and ``POST /api/answer`` with ``{"query": id, "answer": "left"|"right"|"equal"|"skip"}``
 (replies like ``/api/next``; HTTP 400 with ``{"error": message}`` for a bad request).
 """
@@ -121,7 +122,8 @@ class LabelServer(ThreadingHTTPServer):
         sides = {}
         for side, index, segment_id in zip(("left", "right"), self.queries["pairs"][pending], self.segment_ids(pending)):
             flat = obs[index].reshape(obs.shape[1], -1).astype(np.float64)
-            sides[side] = {"id": segment_id, "obs": np.round(flat, 6).tolist()}
+            sides[side] = {"id": segment_id, "obs": np.round(flat, 6).tolist(),
+                           "absorbing": self.queries["absorbing"][index].astype(int).tolist()}
         return {**reply, "query": pending, "obs_shape": list(obs.shape[2:]), **sides}
 
     def record(self, query, answer) -> None:

@@ -93,6 +93,25 @@ def synthetic_queries(env: str, obs_size: int) -> dict:
             "reward": np.zeros((2, 8), np.float32), "pairs": np.array([[0, 1]], np.int32), "env": np.array(env)}
 
 
+def test_steps_after_the_episode_ended_are_drawn_as_episode_over(browser, serve, tmp_path):
+    queries = synthetic_queries("CartPole-v1", 4)
+    queries["absorbing"] = np.stack([np.ones(8, np.float32), np.zeros(8, np.float32)])  # left: over from step 1
+    save_queries(tmp_path / "queries.npz", queries)
+    page = open_page(browser, serve(tmp_path).url)
+    page.locator("#progress").filter(has_text="answered 0 of 1").wait_for(timeout=10_000)
+    page.wait_for_timeout(200)
+    inked = page.evaluate("""() => ["left", "right"].map(side => {
+        const canvas = document.getElementById(side);
+        const pixels = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+        let inked = 0;
+        for (let i = 3; i < pixels.length; i += 4) inked += pixels[i] > 0;
+        return inked / (canvas.width * canvas.height);
+    })""")
+    assert inked[0] == 1.0 and inked[1] < 0.5, inked  # the grey "episode over" card fills the left canvas
+    assert page.errors == []
+    page.close()
+
+
 @pytest.mark.parametrize("env, obs_size", [("CartPole-v1", 4), ("Pendulum-v1", 3), ("Acrobot-v1", 6),
                                            ("MountainCar-v0", 2), ("Probe-ObservationReward", 20)])
 def test_every_scene_draws_without_errors(browser, serve, tmp_path, env, obs_size):

@@ -78,6 +78,8 @@ def test_each_answer_is_one_line_with_the_pairs_ids(run_dir):
         status, first = call(server, "/api/next")
         assert status == 200 and first["query"] == 0 and first["answered"] == 0 and first["total"] == 4
         assert first["env"] == "CartPole-v1" and len(first["left"]["obs"]) == 10 and len(first["left"]["obs"][0]) == 4
+        left_index = server.queries["pairs"][0, 0]
+        assert first["left"]["absorbing"] == server.queries["absorbing"][left_index].astype(int).tolist()
         for query, answer in enumerate(["left", "right", "equal", "skip"]):
             status, reply = call(server, "/api/answer", {"query": query, "answer": answer})
             assert status == 200 and reply["answered"] == query + 1

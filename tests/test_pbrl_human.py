@@ -40,6 +40,9 @@ def test_given_labels_are_the_answered_pairs_in_order(label_dir):
     left, right = queries["pairs"][:100].T
     np.testing.assert_array_equal(arrays["obs0"], queries["obs"][left])
     np.testing.assert_array_equal(arrays["action1"], queries["action"][right])
+    np.testing.assert_array_equal(arrays["absorbing0"], queries["absorbing"][left])
+    np.testing.assert_array_equal(arrays["absorbing1"], queries["absorbing"][right])
+    assert arrays["absorbing0"].any()  # random-policy clips of 16 steps often fall part-way
     assert arrays["mask"][7] == 0 and arrays["mask"].sum() == 99
     assert arrays["label"][8] == 0.5
     expected = [1.0 if upright_answer(queries, a, b) == "right" else 0.0 for a, b in queries["pairs"][:100]]

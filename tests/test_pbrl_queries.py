@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from rlx.pbrl.queries import (FIELDS, QueryFileError, draw_pairs, known_segment_ids, load_queries, make_queries,
-                              save_queries)
+from rlx.pbrl.queries import (FIELDS, OPTIONAL_FIELDS, QueryFileError, after_termination, draw_pairs,
+                              known_segment_ids, load_queries, make_queries, save_queries)
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +23,16 @@ def test_cartpole_segments_are_env_major_with_ids_and_distinct_pairs(cartpole):
     assert (pairs[:, 0] != pairs[:, 1]).all() and len({tuple(sorted(p)) for p in pairs.tolist()}) == 10
     assert str(cartpole["env"]) == "CartPole-v1" and cartpole["env"].shape == ()
     assert known_segment_ids(cartpole) == set(cartpole["segment_ids"].tolist())
+
+
+def test_steps_after_a_termination_are_marked_absorbing():
+    np.testing.assert_array_equal(after_termination([[0, 1, 0, 1, 0], [0, 0, 0, 0, 1], [1, 0, 0, 0, 0]]),
+                                  [[0, 0, 1, 1, 1], [0, 0, 0, 0, 0], [0, 1, 1, 1, 1]])
+    # a random CartPole policy falls within about 20 steps: segments of 50 hold falls
+    queries = make_queries("CartPole-v1", num_pairs=3, segment_length=50, key_seed=0, num_envs=2, num_steps=100)
+    absorbing = queries["absorbing"]
+    assert absorbing.shape == (4, 50) and absorbing.dtype == np.float32
+    assert absorbing.any(axis=1).all() and (absorbing[:, 0] == 0).all() and (np.diff(absorbing, axis=1) >= 0).all()
 
 
 def test_continuous_actions_and_a_given_policy():
@@ -51,10 +61,16 @@ def test_every_pair_can_be_drawn():
 def test_round_trip(cartpole, tmp_path):
     save_queries(tmp_path / "queries.npz", cartpole)
     loaded = load_queries(tmp_path / "queries.npz")
-    assert set(loaded) == set(FIELDS)
-    for field in FIELDS:
+    assert set(loaded) == set(FIELDS + OPTIONAL_FIELDS)
+    for field in FIELDS + OPTIONAL_FIELDS:
         np.testing.assert_array_equal(loaded[field], cartpole[field])
         assert loaded[field].dtype == cartpole[field].dtype
+
+
+def test_a_file_without_absorbing_flags_loads_with_none_set(cartpole, tmp_path):
+    save_queries(tmp_path / "queries.npz", {field: cartpole[field] for field in FIELDS})
+    loaded = load_queries(tmp_path / "queries.npz")
+    np.testing.assert_array_equal(loaded["absorbing"], np.zeros((6, 10), np.float32))
 
 
 def broken(queries, field, value):
@@ -72,6 +88,8 @@ def broken(queries, field, value):
     ("segment_ids", lambda q: np.array(["a", "b", "a", "c", "d", "e"]), "duplicate id 'a'"),
     ("segment_ids", lambda q: np.arange(6), "1-d str array"),
     ("env", lambda q: np.array(["CartPole-v1"]), "0-d str array"),
+    ("absorbing", lambda q: q["absorbing"][:, :9], r"must be \[S, L\]=\[6, 10\]"),
+    ("absorbing", lambda q: q["absorbing"] + 0.5, "only 0 and 1"),
 ])
 def test_each_bad_field_is_named_with_the_file(cartpole, tmp_path, field, make_value, message):
     path = tmp_path / "bad.npz"

@@ -24,8 +24,9 @@ The agent never trains on the environment's reward. Each ``update``:
 
 Metrics per update (scalars) add to PPO's: ``train_return`` (true return of the
 last finished episode, mean over envs), ``learned_return`` (sum of the
-ensemble-mean ``r_hat`` over those same episodes), ``learned_reward_mean``
-(mean ``r_hat`` per step of the rollout), ``labels_used``, ``asked_feedback``,
+ensemble-mean learned reward PPO trains on -- ``r_hat``, or ``r_hat - r_abs`` with
+absorbing terminations -- over those same episodes), ``learned_reward_mean``
+(its mean per step of the rollout), ``labels_used``, ``asked_feedback``,
 ``reward_loss`` (last-epoch Bradley-Terry loss; NaN without a feedback round),
 ``reward_model_accuracy`` (on ``eval_pairs`` random pairs of this rollout's
 segments, oracle-labelled outside the budget, ties left out; NaN when every pair
@@ -46,17 +47,29 @@ truncated, info`` with auto-reset and ``info["final_observation"]``).
 
 Episodic tasks and learned rewards: a Bradley-Terry reward model is only known up
 to an additive constant, and that constant decides whether an agent whose return
-stops at termination wants to live or die. With ``bootstrap_on_termination``
-(default) a termination does not end the return for PPO, so only reward
-*differences* matter. What follows it is set by ``termination_value``: ``last``
-(default) bootstraps the value of the state the episode ended in, as if the agent
-stayed there for good, collecting its learned reward; ``final`` bootstraps the
-value of the observation past the end (out of bounds, never a training input, so
-its value is an extrapolation that an agent can learn to exploit by falling fast).
-And when every step pays the same (CartPole pays 1 per step, including the step
-that falls) no teacher can tell segments apart; ``teacher_terminal_penalty`` is
-subtracted from the teacher's reward on terminating steps, so a scripted teacher
-prefers segments without falls (the true ``train_return`` metric is unchanged).
+stops at termination wants to live or die. ``termination_value`` says how that
+constant is pinned down:
+
+* ``absorbing`` (default, as DAC treats terminal states in imitation): after a
+  termination the episode sits in an absorbing state for ever. Inside a segment,
+  the steps after a termination (the next episode, after the auto-reset) stand for
+  that state (``Segments.absorbing``): the teacher scores them
+  ``teacher_absorbing_reward`` (0, the true reward of a finished episode), and each
+  reward-model member scores them with one learned scalar, its absorbing reward
+  ``r_abs``. Comparing a segment that ends early with one that goes on then teaches
+  whether ending is good (Acrobot, MountainCar) or bad (CartPole). PPO trains on
+  ``r_hat - r_abs`` with terminations ending the return, which is the same as
+  living on in the absorbing state at reward 0.
+* ``last`` / ``final`` (with ``bootstrap_on_termination``): a termination does not
+  end the return, so only reward *differences* matter; ``last`` bootstraps the value
+  of the state the episode ended in, as if the agent stayed there collecting its
+  learned reward, ``final`` the value of the observation past the end (out of
+  bounds, never a training input: an extrapolation that an agent can learn to
+  exploit by falling fast). A termination then costs only the learned reward of the
+  falling step, so when every step pays the same (CartPole) no teacher can tell
+  segments apart; ``teacher_terminal_penalty`` is subtracted from the teacher's
+  reward on terminating steps, so a scripted teacher prefers segments without falls
+  (the true ``train_return`` metric is unchanged).
 """
 
 from __future__ import annotations
@@ -78,6 +91,7 @@ METRICS_MAY_BE_NAN = ("reward_loss", "reward_model_accuracy")
 # ``update(state, index)`` takes the update number shared by all runs (see ``update``); the rlx runner passes it.
 UPDATE_TAKES_INDEX = True
 SELECTIONS = ("uniform", "disagreement", "entropy")
+TERMINATION_VALUES = ("absorbing", "last", "final")
 TEACHERS = ("oracle", "stochastic", "mistake", "skip", "equal", "myopic", "file")
 # With feedback_every=0 the label budget is spread over this fraction of training: labels asked
 # for only early describe the early policy's mistakes (CartPole: falling at once), not the later
@@ -115,7 +129,10 @@ class Config:
       (stochastic), ``teacher_epsilon`` (mistake), ``teacher_skip_threshold``
       (skip), ``teacher_equal_threshold`` (equal), ``teacher_gamma`` (myopic),
       ``teacher_terminal_penalty`` (subtracted from the teacher's reward on
-      terminating steps).
+      terminating steps), ``teacher_absorbing_reward`` (the teacher's reward of a
+      step after a termination, with ``termination_value="absorbing"``).
+    * ``termination_value`` (static): ``absorbing``, ``last`` or ``final``, see the
+      module docstring; ``bootstrap_on_termination`` matters only for the last two.
     * ``eval_pairs`` oracle-labelled pairs of the latest segments for the
       ``reward_model_accuracy`` metric (not counted in the budget).
     """
@@ -137,6 +154,7 @@ class Config:
     teacher_equal_threshold: float = 0.0
     teacher_gamma: float = 0.9
     teacher_terminal_penalty: float = 0.0
+    teacher_absorbing_reward: float = 0.0
 
     total_timesteps: int = static(500_000)
     num_envs: int = static(4)
@@ -152,7 +170,7 @@ class Config:
     normalize_rewards: bool = static(False)
     clip_observations: float = static(10.0)
     bootstrap_on_termination: bool = static(True)
-    termination_value: str = static("last")
+    termination_value: str = static("absorbing")
 
     ensemble_size: int = static(3)
     reward_hidden_sizes: tuple = static((64, 64))
@@ -261,7 +279,7 @@ def validate(config: Config) -> None:
         ("pretrain_updates", config.pretrain_updates >= 0, "must be >= 0"),
         ("entropy_k", 1 <= config.entropy_k < config.batch_size, "must be in [1, num_envs*num_steps)"),
         ("teacher", config.teacher in TEACHERS, f"must be one of {list(TEACHERS)}"),
-        ("termination_value", config.termination_value in ("last", "final"), "must be 'last' or 'final'"),
+        ("termination_value", config.termination_value in TERMINATION_VALUES, f"must be one of {list(TERMINATION_VALUES)}"),
         ("teacher_beta", config.teacher_beta >= 0, "must be >= 0"),
         ("teacher_epsilon", 0 <= config.teacher_epsilon <= 1, "must be in [0, 1]"),
         ("teacher_equal_threshold", config.teacher_equal_threshold >= 0, "must be >= 0"),
@@ -595,11 +613,13 @@ class Transition(NamedTuple):
 
 
 class Segments(NamedTuple):
-    """A batch of segments: ``obs [S, L, *obs]``, ``action [S, L, A]`` (features), ``reward [S, L]``."""
+    """A batch of segments: ``obs [S, L, *obs]``, ``action [S, L, A]`` (features), ``reward [S, L]``
+    (the teacher's), ``absorbing [S, L]`` (1 on the steps after a termination inside the segment)."""
 
     obs: jax.Array
     action: jax.Array
     reward: jax.Array
+    absorbing: jax.Array
 
 
 class Labels(NamedTuple):
@@ -607,8 +627,10 @@ class Labels(NamedTuple):
 
     obs0: jax.Array
     action0: jax.Array
+    absorbing0: jax.Array
     obs1: jax.Array
     action1: jax.Array
+    absorbing1: jax.Array
     label: jax.Array  # P(second preferred): 0, 0.5 or 1
     valid: jax.Array  # 0 for skipped queries: kept, but masked out of the loss
     count: jax.Array
@@ -631,9 +653,9 @@ class TrainState(struct.PyTreeNode):
     discounted_return: jax.Array  # per env, of the training reward, for reward scaling
     episode_return: jax.Array  # per env, running true return
     last_episode_return: jax.Array  # per env, true return of the last finished episode
-    learned_episode_return: jax.Array  # per env, running sum of r_hat
-    last_learned_return: jax.Array  # per env, sum of r_hat over the last finished episode
-    reward_params: Any  # ensemble, leading axis ensemble_size
+    learned_episode_return: jax.Array  # per env, running sum of the learned (training) reward
+    last_learned_return: jax.Array  # per env, its sum over the last finished episode
+    reward_params: Any  # {"net": MLPs, "absorbing": absorbing-state rewards}, leading axis ensemble_size
     reward_opt_state: Any
     pool: Segments  # ring buffer of pool_segments segments
     pool_pos: jax.Array
@@ -653,7 +675,7 @@ class Agent(NamedTuple):
     update: Callable  # TrainState -> (TrainState, metrics)
     act: Callable  # (Policy, obs, key, greedy) -> action
     value: Callable  # (Policy, obs) -> state value
-    reward: Callable  # (reward_params, obs, action) -> ensemble-mean r_hat
+    reward: Callable  # (reward_params, obs, action) -> ensemble-mean learned reward PPO trains on
 
 
 def action_spec(env, env_params):
@@ -671,7 +693,8 @@ class GivenLabels(NamedTuple):
 
     ``obs0/obs1 [P, L, *obs_shape]``, ``action0/action1`` the environment's actions ``[P, L]``
     (discrete) or ``[P, L, A]``, ``label [P]`` = P(second preferred) in {0, 0.5, 1}, ``mask [P]``
-    0 for skipped pairs. ``L`` need not be ``segment_length``.
+    0 for skipped pairs, ``absorbing0/absorbing1 [P, L]`` (optional) 1 on the steps after the
+    episode terminated. ``L`` need not be ``segment_length``.
     """
 
     obs0: Any
@@ -680,6 +703,8 @@ class GivenLabels(NamedTuple):
     action1: Any
     label: Any
     mask: Any
+    absorbing0: Any = None  # [P, L], 1 after a termination inside the segment; None: never
+    absorbing1: Any = None
 
 
 def make(config: Config, env, env_params, given_labels: GivenLabels | None = None) -> Agent:
@@ -719,6 +744,7 @@ def make(config: Config, env, env_params, given_labels: GivenLabels | None = Non
 
     L = config.segment_length
     E = config.ensemble_size
+    absorbing_terminations = config.termination_value == "absorbing"
     S_new = config.segments_per_update
     reward_net = RewardMLP(tuple(config.reward_hidden_sizes))
     reward_optimizer = optax.adam(config.reward_lr)
@@ -736,25 +762,38 @@ def make(config: Config, env, env_params, given_labels: GivenLabels | None = Non
         if not config.reward_from_actions:
             act_feat = jnp.zeros_like(act_feat)
         x = jnp.concatenate([obs.astype(jnp.float32).reshape(batch_shape + (obs_size,)), act_feat], -1)
-        return reward_net.apply(member_params, x)
+        return reward_net.apply(member_params["net"], x)
 
-    def ensemble_reward(reward_params, obs, act_feat):
-        """``[E, ...]``: every member's r_hat."""
-        return jax.vmap(member_reward, in_axes=(0, None, None))(reward_params, obs, act_feat)
+    def member_step_rewards(member_params, obs, act_feat, absorbing):
+        """Per-step reward of one member inside segments: r_hat, or its absorbing-state reward after a termination."""
+        return jnp.where(absorbing > 0, member_params["absorbing"], member_reward(member_params, obs, act_feat))
+
+    def member_train_reward(member_params, obs, act_feat):
+        """The reward PPO trains on: r_hat, measured from the absorbing state's reward when terminations end the return."""
+        r_hat = member_reward(member_params, obs, act_feat)
+        return r_hat - member_params["absorbing"] if absorbing_terminations else r_hat
+
+    def ensemble_train_reward(reward_params, obs, act_feat):
+        """``[E, ...]``: every member's training reward."""
+        return jax.vmap(member_train_reward, in_axes=(0, None, None))(reward_params, obs, act_feat)
+
+    def ensemble_segment_returns(reward_params, segments: Segments):
+        """``[E, S]``: every member's summed reward of each segment."""
+        return jax.vmap(member_step_rewards, in_axes=(0, None, None, None))(
+            reward_params, segments.obs, segments.action, segments.absorbing
+        ).sum(-1)
 
     def reward(reward_params, obs, action):
-        """Ensemble-mean learned reward for raw observations and environment actions."""
-        return ensemble_reward(reward_params, obs, action_features(action)).mean(0)
+        """Ensemble-mean learned reward (the one PPO trains on) for raw observations and environment actions."""
+        return ensemble_train_reward(reward_params, obs, action_features(action)).mean(0)
 
     def pair_probs(reward_params, seg0: Segments, seg1: Segments):
         """``[E, P]``: each member's P(second preferred) for pairs of segments."""
-        r0 = ensemble_reward(reward_params, seg0.obs, seg0.action).sum(-1)
-        r1 = ensemble_reward(reward_params, seg1.obs, seg1.action).sum(-1)
-        return jax.nn.sigmoid(r1 - r0)
+        return jax.nn.sigmoid(ensemble_segment_returns(reward_params, seg1) - ensemble_segment_returns(reward_params, seg0))
 
-    def member_loss(member_params, obs0, act0, obs1, act1, label, mask, key):
-        r0 = member_reward(member_params, obs0, act0)  # [B, L]
-        r1 = member_reward(member_params, obs1, act1)
+    def member_loss(member_params, obs0, act0, abs0, obs1, act1, abs1, label, mask, key):
+        r0 = member_step_rewards(member_params, obs0, act0, abs0)  # [B, L]
+        r1 = member_step_rewards(member_params, obs1, act1, abs1)
         if config.query_policy_aligned:  # QPA: one random contiguous crop per pair, on both segments
             len_key, start_key = jax.random.split(key)
             batch = label.shape[0]
@@ -783,8 +822,8 @@ def make(config: Config, env, env_params, given_labels: GivenLabels | None = Non
             idx = jnp.argsort(jax.random.uniform(pick_key, (config.budget,)) + filled_last)[:reward_batch]
             mask = (jnp.arange(reward_batch) < labels.count) * labels.valid[idx]
             loss, grads = member_grad(
-                params, labels.obs0[idx], labels.action0[idx], labels.obs1[idx], labels.action1[idx],
-                labels.label[idx], mask, crop_key,
+                params, labels.obs0[idx], labels.action0[idx], labels.absorbing0[idx],
+                labels.obs1[idx], labels.action1[idx], labels.absorbing1[idx], labels.label[idx], mask, crop_key,
             )
             updates, new_opt_state = reward_optimizer.update(grads, opt_state, params)
             new_params = optax.apply_updates(params, updates)
@@ -841,7 +880,9 @@ def make(config: Config, env, env_params, given_labels: GivenLabels | None = Non
         put = lambda buf, val: buf.at[slots].set(val.astype(buf.dtype), mode="drop")  # noqa: E731
         labels = Labels(
             obs0=put(labels.obs0, q0.obs), action0=put(labels.action0, q0.action),
+            absorbing0=put(labels.absorbing0, q0.absorbing),
             obs1=put(labels.obs1, q1.obs), action1=put(labels.action1, q1.action),
+            absorbing1=put(labels.absorbing1, q1.absorbing),
             label=put(labels.label, label), valid=put(labels.valid, 1.0 - skipped),
             count=jnp.minimum(labels.count + config.queries_per_feedback, config.budget),
         )
@@ -873,24 +914,36 @@ def make(config: Config, env, env_params, given_labels: GivenLabels | None = Non
         net_key, env_key, reward_key, key = jax.random.split(key, 4)
         obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(env_key, config.num_envs), env_params)
         params, _ = ravel_pytree(network.init(net_key, jnp.zeros(obs_shape)))
-        reward_params = jax.vmap(reward_net.init, in_axes=(0, None))(
-            jax.random.split(reward_key, E), jnp.zeros(obs_size + action_dim)
-        )
+        reward_params = {
+            "net": jax.vmap(reward_net.init, in_axes=(0, None))(
+                jax.random.split(reward_key, E), jnp.zeros(obs_size + action_dim)
+            ),
+            "absorbing": jnp.zeros(E),  # each member's reward of the state after a termination
+        }
         zeros = jnp.zeros(config.num_envs)
 
         def empty_segments(n):
-            return Segments(jnp.zeros((n, L) + obs_shape), jnp.zeros((n, L, action_dim)), jnp.zeros((n, L)))
+            return Segments(jnp.zeros((n, L) + obs_shape), jnp.zeros((n, L, action_dim)), jnp.zeros((n, L)),
+                            jnp.zeros((n, L)))
 
         pool = empty_segments(config.pool_segments)
         if given_labels is None:
             stored = empty_segments(config.budget)
-            labels = Labels(stored.obs, stored.action, stored.obs, stored.action, jnp.zeros(config.budget),
+            labels = Labels(stored.obs, stored.action, stored.absorbing, stored.obs, stored.action,
+                            stored.absorbing, jnp.zeros(config.budget),
                             jnp.zeros(config.budget), jnp.asarray(0, jnp.int32))
         else:
             g = given_labels
+
+            def absorbing_of(mask, action):  # absent: no step of the segment follows a termination
+                shape = np.shape(action)[:2]
+                return jnp.zeros(shape) if mask is None else jnp.asarray(mask, jnp.float32).reshape(shape)
+
             labels = Labels(
                 jnp.asarray(g.obs0, jnp.float32), action_features(jnp.asarray(g.action0)),
+                absorbing_of(g.absorbing0, g.action0),
                 jnp.asarray(g.obs1, jnp.float32), action_features(jnp.asarray(g.action1)),
+                absorbing_of(g.absorbing1, g.action1),
                 jnp.asarray(g.label, jnp.float32), jnp.asarray(g.mask, jnp.float32),
                 jnp.asarray(config.budget, jnp.int32),
             )
@@ -953,9 +1006,19 @@ def make(config: Config, env, env_params, given_labels: GivenLabels | None = Non
         return x.reshape((S_new, L) + x.shape[3:])
 
     def cut_segments(traj: Transition) -> Segments:
-        """A ``[T, N]`` rollout as ``[N * T / L]`` segments, with the teacher's reward per step."""
-        teacher_reward = traj.reward - config.teacher_terminal_penalty * traj.terminated
-        return Segments(cut_time(traj.env_obs), cut_time(action_features(traj.action)), cut_time(teacher_reward))
+        """A ``[T, N]`` rollout as ``[N * T / L]`` segments, with the teacher's reward per step.
+
+        With absorbing terminations, the steps of a segment after its first termination (the next
+        episode, after the auto-reset) stand for the absorbing state: the teacher sees
+        ``teacher_absorbing_reward`` there and the reward model its learned absorbing reward.
+        """
+        teacher_reward = cut_time(traj.reward - config.teacher_terminal_penalty * traj.terminated)
+        terminated = cut_time(traj.terminated)
+        absorbing = jnp.zeros_like(terminated)
+        if absorbing_terminations:
+            absorbing = ((jnp.cumsum(terminated, axis=1) - terminated) > 0).astype(jnp.float32)
+            teacher_reward = jnp.where(absorbing > 0, config.teacher_absorbing_reward, teacher_reward)
+        return Segments(cut_time(traj.env_obs), cut_time(action_features(traj.action)), teacher_reward, absorbing)
 
     def minibatch_loss(params, batch):
         obs, action, old_log_prob, old_value, advantages, targets = batch
@@ -1022,13 +1085,12 @@ def make(config: Config, env, env_params, given_labels: GivenLabels | None = Non
         state = state.replace(labels=labels, reward_params=reward_params, reward_opt_state=reward_opt_state)
 
         # 3. relabel the rollout with the learned reward (or the state-entropy bonus while pre-training)
-        member_r_hat = ensemble_reward(reward_params, traj.env_obs, action_features(traj.action))  # [E, T, N]
-        r_hat = member_r_hat.mean(0)
-        train_reward = r_hat
+        learned_reward = ensemble_train_reward(reward_params, traj.env_obs, action_features(traj.action)).mean(0)
+        train_reward = learned_reward  # [T, N]
         if config.pretrain_updates > 0:
             flat_obs = traj.env_obs.reshape((config.batch_size, obs_size)).astype(jnp.float32)
-            bonus = knn_distance(flat_obs, config.entropy_k).reshape(r_hat.shape)
-            train_reward = jnp.where(state.update_step < config.pretrain_updates, bonus, r_hat)
+            bonus = knn_distance(flat_obs, config.entropy_k).reshape(learned_reward.shape)
+            train_reward = jnp.where(state.update_step < config.pretrain_updates, bonus, learned_reward)
 
         reward_stats, discounted_return = state.reward_stats, state.discounted_return
         if config.normalize_rewards:
@@ -1050,14 +1112,15 @@ def make(config: Config, env, env_params, given_labels: GivenLabels | None = Non
             return (running * (1.0 - done), jnp.where(done > 0, running, last)), None
 
         (learned_episode_return, last_learned_return), _ = jax.lax.scan(
-            learned_returns, (state.learned_episode_return, state.last_learned_return), (r_hat, traj.done)
+            learned_returns, (state.learned_episode_return, state.last_learned_return), (learned_reward, traj.done)
         )
 
         # 4. PPO on the learned reward
         next_values = apply(state.params, traj.final_obs, method=ActorCritic.value)
-        if config.bootstrap_on_termination and config.termination_value == "last":
+        bootstrap = config.bootstrap_on_termination and not absorbing_terminations
+        if bootstrap and config.termination_value == "last":
             next_values = jnp.where(traj.terminated > 0, traj.value, next_values)
-        terminated = jnp.zeros_like(traj.terminated) if config.bootstrap_on_termination else traj.terminated
+        terminated = jnp.zeros_like(traj.terminated) if bootstrap else traj.terminated
         advantages, targets = gae(
             train_reward, traj.value, next_values, terminated, traj.done, config.gamma, config.gae_lambda
         )
@@ -1070,8 +1133,7 @@ def make(config: Config, env, env_params, given_labels: GivenLabels | None = Non
         metrics = dict(zip(LEARN_METRICS, totals / updates_per_iteration))
 
         # 5. reward-model metrics on the latest segments (oracle labels, outside the budget)
-        # (segment returns come from the r_hat above: the segments are this rollout cut up)
-        member_seg_returns = jax.vmap(cut_time)(member_r_hat).sum(-1)  # [E, S_new]
+        member_seg_returns = ensemble_segment_returns(reward_params, new_segments)  # [E, S_new]
         true_seg_returns = new_segments.reward.sum(-1)
         e0, e1 = random_pairs(eval_key, S_new, config.eval_pairs)
         true0, true1 = true_seg_returns[e0], true_seg_returns[e1]
@@ -1094,7 +1156,7 @@ def make(config: Config, env, env_params, given_labels: GivenLabels | None = Non
         )
         metrics["train_return"] = state.last_episode_return.mean()
         metrics["learned_return"] = state.last_learned_return.mean()
-        metrics["learned_reward_mean"] = r_hat.mean()
+        metrics["learned_reward_mean"] = learned_reward.mean()
         metrics["labels_used"] = labels.count.astype(jnp.float32)
         metrics["asked_feedback"] = ask.astype(jnp.float32)
         metrics["reward_loss"] = reward_loss
@@ -1122,7 +1184,7 @@ def cartpole_config(**overrides) -> Config:
     settings = dict(
         total_timesteps=122880, num_envs=8, num_steps=64, lr=2.5e-3, ent_coef=0.0, gamma=0.98, gae_lambda=0.9,
         segment_length=16, pool_segments=256, num_candidates=64, queries_per_feedback=10, budget=100,
-        feedback_every=0, reward_steps=25, reward_batch_size=16, teacher="oracle", teacher_terminal_penalty=1.0,
+        feedback_every=0, reward_steps=25, reward_batch_size=16, teacher="oracle", termination_value="absorbing",
         eval_pairs=64, normalize_rewards=False,
     )
     settings.update(overrides)

@@ -20,7 +20,8 @@ from rlx.pbrl.queries import QueryFileError, known_segment_ids, load_queries
 
 
 def given_labels(label_dir, env_name: str | None = None) -> dict:
-    """The answered pairs of ``label_dir`` as arrays ``obs0, action0, obs1, action1, label, mask``.
+    """The answered pairs of ``label_dir`` as arrays ``obs0, action0, obs1, action1, label, mask,
+    absorbing0, absorbing1``.
 
     Raises ``ConfigError`` naming the file (and line) for a missing or malformed file, labels
     about unknown segments, an environment other than ``env_name``, or no answers at all.
@@ -47,7 +48,8 @@ def given_labels(label_dir, env_name: str | None = None) -> dict:
     right = np.asarray([index[s] for s in answers["right"]])
     return {"obs0": queries["obs"][left], "action0": queries["action"][left],
             "obs1": queries["obs"][right], "action1": queries["action"][right],
-            "label": answers["label"], "mask": answers["mask"]}
+            "label": answers["label"], "mask": answers["mask"],
+            "absorbing0": queries["absorbing"][left], "absorbing1": queries["absorbing"][right]}
 
 
 def bind(agent_module, algo_values: dict, env_name: str):

@@ -12,11 +12,15 @@ where ``S`` is the number of segments, ``L`` the segment length and ``P`` the nu
   page never shows it;
 - ``pairs``: int32 ``[P, 2]``, (left, right) indices into the segments; a pair's query id (the
   ``query`` of ``rlx/pbrl/labels.py``) is its row index;
-- ``env``: 0-d str, the name of the environment in ``rlx.envs.registry``.
+- ``env``: 0-d str, the name of the environment in ``rlx.envs.registry``;
+- ``absorbing`` (optional; all 0 when absent): float32 ``[S, L]``, 1 on the steps of a segment
+  after the episode terminated in it. The labelling page shows those steps as "episode over"
+  and the agent scores them with its learned absorbing-state reward.
 
 Segments come from one rollout of ``num_envs`` environments for ``num_steps`` steps (by default
 one episode horizon, ``max_steps_in_episode``), cut into non-overlapping pieces along time, env
-by env; episodes that end inside a segment are reset by the environment and continue there.
+by env; an episode that terminates inside a segment is reset by the environment, and the rest of
+the segment is marked ``absorbing``.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 FIELDS = ("segment_ids", "obs", "action", "reward", "pairs", "env")
+OPTIONAL_FIELDS = ("absorbing",)
 
 
 class QueryFileError(ValueError):
@@ -58,8 +63,8 @@ def make_queries(env_name: str, num_pairs: int, segment_length: int, key_seed: i
     if policy is None:
         policy = lambda obs, key: env.action_space(params).sample(key)  # noqa: E731
     key = jax.random.PRNGKey(key_seed)
-    obs, action, reward = rollout(env, params, policy, num_envs, per_env * segment_length, key)
-    obs, action, reward = (cut(np.asarray(x), segment_length) for x in (obs, action, reward))
+    obs, action, reward, terminated = rollout(env, params, policy, num_envs, per_env * segment_length, key)
+    obs, action, reward, terminated = (cut(np.asarray(x), segment_length) for x in (obs, action, reward, terminated))
     if np.issubdtype(action.dtype, np.integer):
         action = action.reshape(action.shape[:2]).astype(np.int32)
     else:
@@ -67,11 +72,18 @@ def make_queries(env_name: str, num_pairs: int, segment_length: int, key_seed: i
     ids = np.array([f"e{e}-t{c * segment_length}" for e in range(num_envs) for c in range(per_env)])
     return {"segment_ids": ids, "obs": obs.astype(np.float32), "action": action,
             "reward": reward.astype(np.float32), "pairs": draw_pairs(num_segments, num_pairs, key_seed),
-            "env": np.array(env_name)}
+            "env": np.array(env_name), "absorbing": after_termination(terminated)}
+
+
+def after_termination(terminated: np.ndarray) -> np.ndarray:
+    """``[S, L]`` float32: 1 on the steps of each segment that follow its first termination."""
+    terminated = np.asarray(terminated, np.float32)
+    return ((np.cumsum(terminated, axis=1) - terminated) > 0).astype(np.float32)
 
 
 def rollout(env, params, policy, num_envs: int, num_steps: int, key):
-    """``(obs, action, reward)``, each ``[num_envs, num_steps, ...]``, of one jitted rollout (scan over steps, vmap over envs)."""
+    """``(obs, action, reward, terminated)``, each ``[num_envs, num_steps, ...]``, of one jitted rollout (scan over
+    steps, vmap over envs)."""
     import jax
 
     def run(key):
@@ -82,9 +94,9 @@ def rollout(env, params, policy, num_envs: int, num_steps: int, key):
             obs, state = carry
             act_key, step_key = jax.random.split(key)
             action = jax.vmap(policy)(obs, jax.random.split(act_key, num_envs))
-            next_obs, next_state, reward, *_ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
+            next_obs, next_state, reward, terminated, *_ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
                 jax.random.split(step_key, num_envs), state, action, params)
-            return (next_obs, next_state), (obs, action, reward)
+            return (next_obs, next_state), (obs, action, reward, terminated)
 
         _, batch = jax.lax.scan(step, (obs, state), jax.random.split(steps_key, num_steps))
         return jax.tree.map(lambda x: jax.numpy.swapaxes(x, 0, 1), batch)
@@ -120,7 +132,8 @@ def save_queries(path, queries: dict) -> None:
     path = Path(path)
     partial = path.with_name(path.name + ".partial")
     with open(partial, "wb") as handle:
-        np.savez(handle, **{field: np.asarray(queries[field]) for field in FIELDS})
+        np.savez(handle, **{field: np.asarray(queries[field]) for field in FIELDS + OPTIONAL_FIELDS
+                            if field in queries})
     os.replace(partial, path)
 
 
@@ -129,10 +142,12 @@ def load_queries(path) -> dict:
     path = Path(path)
     try:
         with np.load(path, allow_pickle=False) as archive:
-            queries = {field: archive[field] for field in FIELDS if field in archive.files}
+            queries = {field: archive[field] for field in FIELDS + OPTIONAL_FIELDS if field in archive.files}
     except (OSError, ValueError) as error:
         raise QueryFileError(f"{path}: not a readable queries file ({error})") from None
     validate(queries, path)
+    if "absorbing" not in queries:  # a file written before the field existed, or by hand
+        queries["absorbing"] = np.zeros(queries["reward"].shape, np.float32)
     return queries
 
 
@@ -157,6 +172,12 @@ def validate(queries: dict, path) -> None:
             fail(field, f"shape {queries[field].shape} must start with [S, L]={list(obs.shape[:2])} like obs")
     if queries["reward"].ndim != 2:
         fail("reward", f"shape {queries['reward'].shape} must be [S, L]")
+    if "absorbing" in queries:
+        absorbing = queries["absorbing"]
+        if absorbing.shape != queries["reward"].shape:
+            fail("absorbing", f"shape {absorbing.shape} must be [S, L]={list(obs.shape[:2])} like obs")
+        if not np.isin(absorbing, (0, 1)).all():
+            fail("absorbing", "must hold only 0 and 1")
     if pairs.ndim != 2 or pairs.shape[1] != 2 or pairs.dtype.kind not in "iu":
         fail("pairs", f"must be an integer [P, 2] array, got {pairs.dtype} {pairs.shape}")
     bad = np.flatnonzero(((pairs < 0) | (pairs >= len(ids))).any(axis=1))
