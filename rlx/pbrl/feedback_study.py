@@ -1,9 +1,9 @@
 """Feedback efficiency of preference PPO: ``python -m rlx.reproduce pbrl_feedback [--quick] [--seeds 5]``.
 
-For each task, trains ``rlx/agents/pref_ppo.py`` from a scripted oracle with label budgets
-{25, 50, 100, 200, 400} and three query strategies (uniform, ensemble disagreement, and
-query-policy-aligned uniform: QPA), then each B-Pref teacher (stochastic, mistake, skip, equal,
-myopic) at 100 labels with uniform queries, plus plain PPO with the same settings on the true reward and
+For each task (CartPole, Acrobot, Pendulum), trains ``rlx/agents/pref_ppo.py`` from a scripted
+oracle with label budgets {25, 50, 100, 200, 400} and three query strategies (uniform, ensemble
+disagreement, and query-policy-aligned uniform: QPA), then (CartPole and Pendulum) each B-Pref
+teacher (stochastic, mistake, skip, equal, myopic) at 100 labels with uniform queries, plus plain PPO with the same settings on the true reward and
 a uniformly random policy, with the same seeds (vmapped in one program per setting). Reports the
 greedy evaluation return (16 episodes per seed) and the score normalised between random (0) and
 PPO on the true reward (1): mean, 95% interval over seeds, per-seed values. Writes
@@ -24,12 +24,13 @@ STRATEGIES = {"uniform": dict(selection="uniform"), "disagreement": dict(selecti
               "query-aligned": dict(selection="uniform", query_policy_aligned=True)}
 EVAL_EPISODES = 16
 # Teacher robustness: each B-Pref teacher at one budget, uniform queries. Thresholds are per task, in
-# units of its 16-step segment returns (CartPole: 16 minus the falls; Pendulum: about -250 to 0).
+# units of its 16-step segment returns (CartPole: the steps before a fall, 16 without one; Pendulum:
+# about -250 to 0).
 TEACHER_BUDGET = 100
 TEACHERS = {
     "CartPole-v1": {"stochastic": dict(teacher_beta=1.0), "mistake": dict(teacher_epsilon=0.1),
                     "skip": dict(teacher_skip_threshold=15.5),  # both segments fall: skipped
-                    "equal": dict(teacher_equal_threshold=1.5),  # one fall of difference: a tie
+                    "equal": dict(teacher_equal_threshold=1.5),  # falls at most one step apart: a tie
                     "myopic": dict(teacher_gamma=0.9)},
     "Pendulum-v1": {"stochastic": dict(teacher_beta=0.1), "mistake": dict(teacher_epsilon=0.1),
                     "skip": dict(teacher_skip_threshold=-150.0), "equal": dict(teacher_equal_threshold=10.0),
@@ -39,6 +40,12 @@ EXPERIMENT_DIR = "pbrl"
 # PPO settings shared by the preference agent and its true-reward reference
 PPO_FIELDS = ("total_timesteps", "num_envs", "num_steps", "num_epochs", "num_minibatches", "lr", "ent_coef",
               "gamma", "gae_lambda", "normalize_observations", "normalize_rewards", "hidden_sizes")
+# Acrobot: the ppo_acrobot preset's PPO at half its budget; reaching the goal ends the episode, so the
+# absorbing state (0 per step against -1) is what the labels must teach.
+ACROBOT = dict(total_timesteps=245760, num_envs=16, num_steps=128, num_epochs=4, num_minibatches=4, lr=1e-3,
+               ent_coef=0.0, gamma=0.99, gae_lambda=0.94, normalize_observations=True, normalize_rewards=False,
+               segment_length=16, pool_segments=512, num_candidates=256, queries_per_feedback=10,
+               feedback_every=0, reward_steps=50, reward_batch_size=32, eval_pairs=64)
 PENDULUM = dict(total_timesteps=327680, num_envs=16, num_steps=128, num_epochs=10, num_minibatches=16, lr=1e-3,
                 ent_coef=0.0, gamma=0.95, gae_lambda=0.95, normalize_observations=True, normalize_rewards=True,
                 segment_length=16, pool_segments=512, num_candidates=256, queries_per_feedback=10,
@@ -51,7 +58,7 @@ def task_configs(quick: bool) -> dict:
 
     cartpole = pref_ppo.cartpole_config()
     cartpole = {name: getattr(cartpole, name) for name in cartpole.__dataclass_fields__}
-    tasks = {"CartPole-v1": cartpole, "Pendulum-v1": dict(PENDULUM)}
+    tasks = {"CartPole-v1": cartpole, "Acrobot-v1": dict(ACROBOT), "Pendulum-v1": dict(PENDULUM)}
     if quick:
         for settings in tasks.values():
             settings["total_timesteps"] = 4 * settings["num_envs"] * settings["num_steps"]
