@@ -279,7 +279,11 @@ def validate(config: Config) -> None:
         ("pretrain_updates", config.pretrain_updates >= 0, "must be >= 0"),
         ("entropy_k", 1 <= config.entropy_k < config.batch_size, "must be in [1, num_envs*num_steps)"),
         ("teacher", config.teacher in TEACHERS, f"must be one of {list(TEACHERS)}"),
-        ("termination_value", config.termination_value in TERMINATION_VALUES, f"must be one of {list(TERMINATION_VALUES)}"),
+        (
+            "termination_value",
+            config.termination_value in TERMINATION_VALUES,
+            f"must be one of {list(TERMINATION_VALUES)}",
+        ),
         ("teacher_beta", config.teacher_beta >= 0, "must be >= 0"),
         ("teacher_epsilon", 0 <= config.teacher_epsilon <= 1, "must be in [0, 1]"),
         ("teacher_equal_threshold", config.teacher_equal_threshold >= 0, "must be >= 0"),
@@ -769,7 +773,7 @@ def make(config: Config, env, env_params, given_labels: GivenLabels | None = Non
         return jnp.where(absorbing > 0, member_params["absorbing"], member_reward(member_params, obs, act_feat))
 
     def member_train_reward(member_params, obs, act_feat):
-        """The reward PPO trains on: r_hat, measured from the absorbing state's reward when terminations end the return."""
+        """The reward PPO trains on: r_hat, less the absorbing state's reward when terminations end the return."""
         r_hat = member_reward(member_params, obs, act_feat)
         return r_hat - member_params["absorbing"] if absorbing_terminations else r_hat
 
@@ -789,7 +793,8 @@ def make(config: Config, env, env_params, given_labels: GivenLabels | None = Non
 
     def pair_probs(reward_params, seg0: Segments, seg1: Segments):
         """``[E, P]``: each member's P(second preferred) for pairs of segments."""
-        return jax.nn.sigmoid(ensemble_segment_returns(reward_params, seg1) - ensemble_segment_returns(reward_params, seg0))
+        returns0 = ensemble_segment_returns(reward_params, seg0)
+        return jax.nn.sigmoid(ensemble_segment_returns(reward_params, seg1) - returns0)
 
     def member_loss(member_params, obs0, act0, abs0, obs1, act1, abs1, label, mask, key):
         r0 = member_step_rewards(member_params, obs0, act0, abs0)  # [B, L]
