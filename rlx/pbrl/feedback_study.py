@@ -2,11 +2,11 @@
 
 For each task (CartPole, Acrobot, Pendulum), trains ``rlx/agents/pref_ppo.py`` from a scripted
 oracle with label budgets {25, 50, 100, 200, 400} and three query strategies (uniform, ensemble
-disagreement, and query-policy-aligned uniform: QPA), then (CartPole and Pendulum) each B-Pref
-teacher (stochastic, mistake, skip, equal, myopic) at 100 labels with uniform queries, plus plain PPO with the same settings on the true reward and
-a uniformly random policy, with the same seeds (vmapped in one program per setting). Reports the
-greedy evaluation return (16 episodes per seed) and the score normalised between random (0) and
-PPO on the true reward (1): mean, 95% interval over seeds, per-seed values. Writes
+disagreement, and query-policy-aligned uniform: QPA), then each B-Pref teacher (stochastic,
+mistake, skip, equal, myopic) at 100 labels with uniform queries, plus plain PPO with the same
+settings on the true reward and a uniformly random policy, with the same seeds (vmapped in one
+program per setting). Reports the greedy evaluation return (16 episodes per seed) and the score
+normalised between random (0) and PPO on the true reward (1): mean, 95% interval over seeds, per-seed values. Writes
 ``experiments/pbrl/feedback.md`` and ``feedback.json``; the numbers are whatever the runs give.
 """
 
@@ -24,14 +24,18 @@ STRATEGIES = {"uniform": dict(selection="uniform"), "disagreement": dict(selecti
               "query-aligned": dict(selection="uniform", query_policy_aligned=True)}
 EVAL_EPISODES = 16
 # Teacher robustness: each B-Pref teacher at one budget, uniform queries. Thresholds are per task, in
-# units of its 16-step segment returns (CartPole: the steps before a fall, 16 without one; Pendulum:
-# about -250 to 0).
+# units of its 16-step segment returns (CartPole: the steps before a fall, 16 without one; Acrobot:
+# minus the steps before the goal, -16 without it; Pendulum: about -250 to 0).
 TEACHER_BUDGET = 100
 TEACHERS = {
     "CartPole-v1": {"stochastic": dict(teacher_beta=1.0), "mistake": dict(teacher_epsilon=0.1),
                     "skip": dict(teacher_skip_threshold=15.5),  # both segments fall: skipped
                     "equal": dict(teacher_equal_threshold=1.5),  # falls at most one step apart: a tie
                     "myopic": dict(teacher_gamma=0.9)},
+    "Acrobot-v1": {"stochastic": dict(teacher_beta=1.0), "mistake": dict(teacher_epsilon=0.1),
+                   "skip": dict(teacher_skip_threshold=-15.5),  # neither segment reaches the goal: skipped
+                   "equal": dict(teacher_equal_threshold=1.5),  # goals at most one step apart: a tie
+                   "myopic": dict(teacher_gamma=0.9)},
     "Pendulum-v1": {"stochastic": dict(teacher_beta=0.1), "mistake": dict(teacher_epsilon=0.1),
                     "skip": dict(teacher_skip_threshold=-150.0), "equal": dict(teacher_equal_threshold=10.0),
                     "myopic": dict(teacher_gamma=0.9)},
