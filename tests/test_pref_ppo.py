@@ -180,6 +180,10 @@ def test_the_absorbing_reward_is_learnt_from_which_segments_end_early(ending_is_
     state, _ = jax.lax.scan(agent.update, agent.init(KEY), jnp.arange(config.num_updates))
     learned = np.asarray(agent.reward(state.reward_params, obs.reshape(-1, 4), action.reshape(-1)))  # r_hat - r_abs
     assert (learned < 0).all() if ending_is_better else (learned > 0).all(), learned.min()
+    # with bootstrapped terminations the file's absorbing flags are not used: those steps are scored by r_hat
+    bootstrapped = P.make(config.replace(termination_value="last"), env, env.default_params, given_labels=given)
+    labels = bootstrapped.init(KEY).labels
+    assert not np.asarray(labels.absorbing0).any() and not np.asarray(labels.absorbing1).any()
 
 
 def test_feedback_schedule_waits_for_pretraining_and_keeps_skipped_labels_masked():

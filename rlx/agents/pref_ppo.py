@@ -768,28 +768,32 @@ def make(config: Config, env, env_params, given_labels: GivenLabels | None = Non
         x = jnp.concatenate([obs.astype(jnp.float32).reshape(batch_shape + (obs_size,)), act_feat], -1)
         return reward_net.apply(member_params["net"], x)
 
-    def member_step_rewards(member_params, obs, act_feat, absorbing):
-        """Per-step reward of one member inside segments: r_hat, or its absorbing-state reward after a termination."""
-        return jnp.where(absorbing > 0, member_params["absorbing"], member_reward(member_params, obs, act_feat))
+    def ensemble_reward(reward_params, obs, act_feat):
+        """``[E, ...]``: every member's r_hat."""
+        return jax.vmap(member_reward, in_axes=(0, None, None))(reward_params, obs, act_feat)
 
-    def member_train_reward(member_params, obs, act_feat):
+    def absorbing_reward(reward_params, like):
+        """Each member's absorbing-state reward, shaped to broadcast against ``like [E, ...]``."""
+        r_abs = reward_params["absorbing"]
+        return r_abs.reshape(r_abs.shape + (1,) * (like.ndim - r_abs.ndim))
+
+    def in_segment(r_hat, r_abs, absorbing):
+        """Per-step rewards inside segments: r_hat, or the absorbing-state reward after a termination."""
+        return jnp.where(absorbing > 0, r_abs, r_hat)
+
+    def for_ppo(r_hat, r_abs):
         """The reward PPO trains on: r_hat, less the absorbing state's reward when terminations end the return."""
-        r_hat = member_reward(member_params, obs, act_feat)
-        return r_hat - member_params["absorbing"] if absorbing_terminations else r_hat
-
-    def ensemble_train_reward(reward_params, obs, act_feat):
-        """``[E, ...]``: every member's training reward."""
-        return jax.vmap(member_train_reward, in_axes=(0, None, None))(reward_params, obs, act_feat)
+        return r_hat - r_abs if absorbing_terminations else r_hat
 
     def ensemble_segment_returns(reward_params, segments: Segments):
         """``[E, S]``: every member's summed reward of each segment."""
-        return jax.vmap(member_step_rewards, in_axes=(0, None, None, None))(
-            reward_params, segments.obs, segments.action, segments.absorbing
-        ).sum(-1)
+        r_hat = ensemble_reward(reward_params, segments.obs, segments.action)
+        return in_segment(r_hat, absorbing_reward(reward_params, r_hat), segments.absorbing).sum(-1)
 
     def reward(reward_params, obs, action):
         """Ensemble-mean learned reward (the one PPO trains on) for raw observations and environment actions."""
-        return ensemble_train_reward(reward_params, obs, action_features(action)).mean(0)
+        r_hat = ensemble_reward(reward_params, obs, action_features(action))
+        return for_ppo(r_hat, absorbing_reward(reward_params, r_hat)).mean(0)
 
     def pair_probs(reward_params, seg0: Segments, seg1: Segments):
         """``[E, P]``: each member's P(second preferred) for pairs of segments."""
@@ -797,8 +801,9 @@ def make(config: Config, env, env_params, given_labels: GivenLabels | None = Non
         return jax.nn.sigmoid(ensemble_segment_returns(reward_params, seg1) - returns0)
 
     def member_loss(member_params, obs0, act0, abs0, obs1, act1, abs1, label, mask, key):
-        r0 = member_step_rewards(member_params, obs0, act0, abs0)  # [B, L]
-        r1 = member_step_rewards(member_params, obs1, act1, abs1)
+        r_abs = member_params["absorbing"]
+        r0 = in_segment(member_reward(member_params, obs0, act0), r_abs, abs0)  # [B, L]
+        r1 = in_segment(member_reward(member_params, obs1, act1), r_abs, abs1)
         if config.query_policy_aligned:  # QPA: one random contiguous crop per pair, on both segments
             len_key, start_key = jax.random.split(key)
             batch = label.shape[0]
@@ -940,9 +945,11 @@ def make(config: Config, env, env_params, given_labels: GivenLabels | None = Non
         else:
             g = given_labels
 
-            def absorbing_of(mask, action):  # absent: no step of the segment follows a termination
+            def absorbing_of(mask, action):  # absent, or terminations bootstrapped: no absorbing steps
                 shape = np.shape(action)[:2]
-                return jnp.zeros(shape) if mask is None else jnp.asarray(mask, jnp.float32).reshape(shape)
+                if mask is None or not absorbing_terminations:
+                    return jnp.zeros(shape)
+                return jnp.asarray(mask, jnp.float32).reshape(shape)
 
             labels = Labels(
                 jnp.asarray(g.obs0, jnp.float32), action_features(jnp.asarray(g.action0)),
@@ -1090,7 +1097,9 @@ def make(config: Config, env, env_params, given_labels: GivenLabels | None = Non
         state = state.replace(labels=labels, reward_params=reward_params, reward_opt_state=reward_opt_state)
 
         # 3. relabel the rollout with the learned reward (or the state-entropy bonus while pre-training)
-        learned_reward = ensemble_train_reward(reward_params, traj.env_obs, action_features(traj.action)).mean(0)
+        member_r_hat = ensemble_reward(reward_params, traj.env_obs, action_features(traj.action))  # [E, T, N]
+        r_abs = absorbing_reward(reward_params, member_r_hat)
+        learned_reward = for_ppo(member_r_hat, r_abs).mean(0)
         train_reward = learned_reward  # [T, N]
         if config.pretrain_updates > 0:
             flat_obs = traj.env_obs.reshape((config.batch_size, obs_size)).astype(jnp.float32)
@@ -1138,7 +1147,8 @@ def make(config: Config, env, env_params, given_labels: GivenLabels | None = Non
         metrics = dict(zip(LEARN_METRICS, totals / updates_per_iteration))
 
         # 5. reward-model metrics on the latest segments (oracle labels, outside the budget)
-        member_seg_returns = ensemble_segment_returns(reward_params, new_segments)  # [E, S_new]
+        # (the segments are this rollout cut up: the r_hat above serves, no second pass of the reward model)
+        member_seg_returns = in_segment(jax.vmap(cut_time)(member_r_hat), r_abs, new_segments.absorbing).sum(-1)
         true_seg_returns = new_segments.reward.sum(-1)
         e0, e1 = random_pairs(eval_key, S_new, config.eval_pairs)
         true0, true1 = true_seg_returns[e0], true_seg_returns[e1]
