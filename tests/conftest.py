@@ -23,8 +23,8 @@ FAST_COMPILE_FLAG = "--xla_backend_optimization_level=0"
 XLA_OPT = os.environ.get("RLX_TEST_XLA_OPT", "fast")
 if XLA_OPT not in ("fast", "full"):
     raise pytest.UsageError(f"RLX_TEST_XLA_OPT={XLA_OPT!r}: must be 'fast' (the default) or 'full'")
-if XLA_OPT == "fast" and "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE_FLAG}".strip()
+if XLA_OPT == "fast":
+    compile_cache.add_xla_flag(FAST_COMPILE_FLAG)
 compile_cache.set_xla_flags()
 compile_cache.enable(TEST_CACHE)
 

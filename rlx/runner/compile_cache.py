@@ -18,11 +18,16 @@ from pathlib import Path
 WORKAROUND_XLA_FLAGS = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 
 
+def add_xla_flag(flag: str) -> None:
+    """Append ``--name=value`` to ``XLA_FLAGS`` unless it already sets ``--name`` (the user's own setting wins)."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if flag.split("=")[0] not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {flag}".strip()
+
+
 def set_xla_flags() -> None:
     """Add the workaround flag to ``XLA_FLAGS`` unless the user set that flag; call before JAX runs anything."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    if WORKAROUND_XLA_FLAGS.split("=")[0] not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} {WORKAROUND_XLA_FLAGS}".strip()
+    add_xla_flag(WORKAROUND_XLA_FLAGS)
 
 
 def cpu_device_count(setting) -> int:
@@ -47,9 +52,8 @@ def set_cpu_devices(setting) -> None:
     not the CPU's).
     """
     count = cpu_device_count(setting)
-    flags = os.environ.get("XLA_FLAGS", "")
-    if count > 1 and "--xla_force_host_platform_device_count" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
+    if count > 1:
+        add_xla_flag(f"--xla_force_host_platform_device_count={count}")
 
 
 def default_cache_dir() -> Path:
