@@ -34,7 +34,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("XLA_FLAGS", "--xla_cpu_enable_concurrency_optimized_scheduler=false")
+from rlx.runner import compile_cache  # noqa: E402
+
+compile_cache.set_xla_flags()  # before JAX starts: the jaxlib 0.10 scheduler workaround
 
 import jax  # noqa: E402
 from bench_common import save_table, timed  # noqa: E402

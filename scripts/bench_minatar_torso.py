@@ -12,13 +12,14 @@ up, then times one more run and prints env steps per second for each torso.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-os.environ.setdefault("XLA_FLAGS", "--xla_cpu_enable_concurrency_optimized_scheduler=false")
+from rlx.runner import compile_cache  # noqa: E402
+
+compile_cache.set_xla_flags()  # before JAX starts: the jaxlib 0.10 scheduler workaround
 
 import jax  # noqa: E402
 

@@ -366,7 +366,7 @@ def test_defaults_are_valid_and_continuous_actions_are_rejected():
         dreamer.validate_for_env(config, Continuous(), CountParams())
 
 
-@pytest.mark.slow  # the vendoring test trains the same file to a threshold in the fast suite
+@pytest.mark.slow  # ~40 s; the fast suite runs dreamer.py alone briefly, the `slow` vendoring demo to a threshold
 def test_cartpole_learns():
     env = cartpole()
     config = dreamer.cartpole_config(total_timesteps=8192)

@@ -171,7 +171,7 @@ def test_defaults_are_valid_and_the_ratio_is_explicit():
     assert config.num_minibatches * config.num_epochs == config.grad_steps
 
 
-@pytest.mark.slow  # about 35 s; the vendoring test trains the same file to a threshold in the fast suite
+@pytest.mark.slow  # about 35 s; the vendoring test trains the same file to return 100 in the fast suite
 def test_cartpole_learns_from_few_real_steps():
     from gymnax.environments.classic_control.cartpole import CartPole
 

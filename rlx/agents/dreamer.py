@@ -1033,8 +1033,11 @@ def _cli():
     import os
     import time
 
-    # Works around a hang of jaxlib 0.10's CPU runtime on some vmapped programs.
-    os.environ.setdefault("XLA_FLAGS", "--xla_cpu_enable_concurrency_optimized_scheduler=false")
+    # Works around a hang of jaxlib 0.10's CPU runtime on some vmapped programs; added to any
+    # XLA_FLAGS the user already set (unless they name the scheduler themselves).
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_cpu_enable_concurrency_optimized_scheduler" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_enable_concurrency_optimized_scheduler=false".strip()
 
     from gymnax.environments.classic_control.cartpole import CartPole
 

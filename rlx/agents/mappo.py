@@ -990,8 +990,11 @@ def _cli():
     import os
     import time
 
-    # Works around a hang of jaxlib 0.10's CPU runtime on some vmapped programs.
-    os.environ.setdefault("XLA_FLAGS", "--xla_cpu_enable_concurrency_optimized_scheduler=false")
+    # Works around a hang of jaxlib 0.10's CPU runtime on some vmapped programs; added to any
+    # XLA_FLAGS the user already set (unless they name the scheduler themselves).
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_cpu_enable_concurrency_optimized_scheduler" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_enable_concurrency_optimized_scheduler=false".strip()
 
     parser = argparse.ArgumentParser(
         description="Train MAPPO on a two-agent cooperative card game (optimum 6.67, teammate-blind bound 2.67).")
