@@ -126,7 +126,7 @@ def render(name: str, experiment: Experiment, rows: dict[str, dict], command: st
 # EXPERIMENT_DIR, or the name>/
 CUSTOM = {"mapf_random": "rlx.envs.mapf.study", "mm_quoting": "rlx.envs.market.quoting_study",
           "mm_event_vs_time": "rlx.envs.market.event_study", "pbrl_feedback": "rlx.pbrl.feedback_study",
-          "pbrl_offline": "rlx.pbrl.offline_study",
+          "pbrl_queries": "rlx.pbrl.query_study", "pbrl_offline": "rlx.pbrl.offline_study",
           "imagination_efficiency": "rlx.imagination.sample_efficiency",
           "imagination_generalization": "rlx.imagination.generalization",
           "imagination_model_error": "rlx.imagination.model_error"}

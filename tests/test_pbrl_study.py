@@ -27,3 +27,24 @@ def test_quick_cartpole_study_has_every_row_normalised_between_random_and_ppo(mo
         assert len(row["returns"]) == 2 and np.isclose(row["mean"], np.mean(row["returns"]))
     table = study.markdown({"CartPole-v1": rows}, 2, 1.0)
     assert "| query-aligned, 10 labels |" in table and "### CartPole-v1" in table
+
+
+def test_query_study_compares_aligned_queries_seed_by_seed():
+    from rlx.pbrl import query_study
+
+    rows = {"random": [20.0, 22.0, 24.0], "PPO, true reward": [500.0, 500.0, 500.0],
+            "uniform, 25 labels": [500.0, 300.0, 400.0], "disagreement, 25 labels": [100.0, 100.0, 100.0],
+            "query-aligned, 25 labels": [500.0, 320.0, 380.0],
+            "uniform, 50 labels": [500.0, 500.0, 500.0], "disagreement, 50 labels": [500.0, 490.0, 480.0],
+            "query-aligned, 50 labels": [200.0, 210.0, 190.0]}
+    found = {(c["budget"], c["against"]): c for c in query_study.comparisons(rows)}
+    assert set(found) == {(25, "uniform"), (25, "disagreement"), (50, "uniform"), (50, "disagreement")}
+    tie = found[(25, "uniform")]  # differences 0, +20, -20: equal means, not significantly worse
+    assert tie["difference"] == 0.0 and tie["mean_holds"] and tie["not_worse"]
+    assert np.isclose(tie["ci95"], 1.96 * np.std([0.0, 20.0, -20.0], ddof=1) / np.sqrt(3))
+    assert found[(25, "disagreement")]["difference"] > 0 and found[(25, "disagreement")]["not_worse"]
+    worse = found[(50, "uniform")]  # 290 to 310 lower on every seed
+    assert worse["difference"] == -300.0 and not worse["mean_holds"] and not worse["not_worse"]
+    table = query_study.markdown({"seeds": 3, "seconds": {"CartPole-v1": 60.0}, "tasks": {"CartPole-v1": rows}})
+    assert "| 50 | uniform | -300.0 ± 11.3 | does not hold | does not hold |" in table
+    assert "| query-aligned, 25 labels | 400.0 ± " in table and "| 1.00 |" in table

@@ -1,0 +1,111 @@
+"""Query strategies at small label budgets: ``python -m rlx.reproduce pbrl_queries [--quick] [--seeds 16]``.
+
+The feedback study's 5 seeds per row cannot tell the strategies apart at 25 and 50 labels: there a
+row's 95% interval is often 100+ return wide on CartPole and 400+ on Pendulum, because each seed
+either solves the task or does not. This study reruns just those rows (uniform, disagreement and
+query-policy-aligned queries, same task settings as ``feedback_study``) with 16 seeds, and compares
+query-aligned selection with each other strategy seed by seed (the same seed keys train every
+strategy). "At least as good" is judged twice: on the means, and as "not significantly worse" (the
+95% interval of the mean per-seed difference reaches zero or above). Writes
+``experiments/pbrl/queries.md`` and ``queries.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from rlx.pbrl import feedback_study
+
+EXPERIMENT_DIR = feedback_study.EXPERIMENT_DIR
+BUDGETS = (25, 50)
+SEEDS = 16
+ALIGNED = "query-aligned"
+
+
+def study_task(task: str, settings: dict, seeds: int, log) -> dict:
+    """Random, PPO on the true reward, and each strategy at each small budget: per-seed returns."""
+    from rlx.agents import ppo, pref_ppo
+    from rlx.envs import registry
+
+    env, params = registry.make(task)
+    rows = {"random": feedback_study.random_returns(env, params, seeds)}
+    ppo_config = ppo.Config(**{name: settings[name] for name in feedback_study.PPO_FIELDS if name in settings})
+    rows["PPO, true reward"] = feedback_study.trained_returns(ppo, ppo_config, env, params, seeds)
+    for budget in BUDGETS:
+        for strategy, choice in feedback_study.STRATEGIES.items():
+            config = pref_ppo.Config(**{**settings, **choice, "budget": budget})
+            pref_ppo.validate(config)
+            started = time.time()
+            rows[f"{strategy}, {budget} labels"] = returns = feedback_study.trained_returns(
+                pref_ppo, config, env, params, seeds)
+            log(f"{task}: {strategy} {budget}: {returns.mean():.1f} ({time.time() - started:.0f} s)")
+    return {label: returns.tolist() for label, returns in rows.items()}
+
+
+def comparisons(rows: dict) -> list[dict]:
+    """Query-aligned against each other strategy at each budget: mean difference and its 95% interval."""
+    found = []
+    for budget in BUDGETS:
+        aligned = np.asarray(rows[f"{ALIGNED}, {budget} labels"])
+        for strategy in feedback_study.STRATEGIES:
+            if strategy == ALIGNED:
+                continue
+            other = np.asarray(rows[f"{strategy}, {budget} labels"])
+            difference = aligned - other
+            half = feedback_study.interval(difference)
+            found.append({"budget": budget, "against": strategy, "difference": float(difference.mean()),
+                          "ci95": half, "mean_holds": bool(aligned.mean() >= other.mean()),
+                          "not_worse": bool(difference.mean() + half >= 0)})
+    return found
+
+
+def markdown(saved: dict) -> str:
+    results, seeds, seconds = saved["tasks"], saved["seeds"], sum(saved["seconds"].values())
+    lines = [f"Measured {time.strftime('%Y-%m-%d')} by `python -m rlx.reproduce pbrl_queries` "
+             f"({seconds / 60:.0f} min of training on this machine): greedy evaluation return "
+             f"({feedback_study.EVAL_EPISODES} episodes per seed), {seeds} seeds, oracle teacher, the feedback "
+             "study's settings per task. Differences are query-aligned minus the other strategy, seed by seed "
+             "(mean ± 95% interval).", ""]
+    for task, rows in results.items():
+        low, high = np.mean(rows["random"]), np.mean(rows["PPO, true reward"])
+        lines += [f"### {task}", "", "| agent | return (mean ± 95% CI) | normalized | seeds solved or failed |",
+                  "|---|---:|---:|---|"]
+        for label, returns in rows.items():
+            returns = np.asarray(returns)
+            lines.append(f"| {label} | {returns.mean():.1f} ± {feedback_study.interval(returns):.1f} | "
+                         f"{(returns.mean() - low) / (high - low):.2f} | min {returns.min():.0f}, "
+                         f"median {np.median(returns):.0f}, max {returns.max():.0f} |")
+        lines += ["", "| budget | query-aligned minus | difference | on the means | not significantly worse |",
+                  "|---:|---|---:|---|---|"]
+        for c in comparisons(rows):
+            lines.append(f"| {c['budget']} | {c['against']} | {c['difference']:+.1f} ± {c['ci95']:.1f} | "
+                         f"{'holds' if c['mean_holds'] else 'does not hold'} | "
+                         f"{'holds' if c['not_worse'] else 'does not hold'} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def reproduce(out: Path, quick: bool, skip_training: bool, seeds: int = SEEDS, tasks: tuple | None = None) -> Path:
+    """Run the study task by task (the files are rewritten after each) and return ``queries.md``."""
+    out.mkdir(parents=True, exist_ok=True)
+    configs = feedback_study.task_configs(quick)
+    suffix = "_quick" if quick else ""
+    path, saved = out / f"queries{suffix}.md", out / f"queries{suffix}.json"
+    seeds = 2 if quick else seeds
+    if skip_training and not saved.is_file():
+        raise SystemExit(f"{saved}: nothing to re-render; run without --skip-training first")
+    keep = (tasks or skip_training) and saved.is_file()
+    results = json.loads(saved.read_text()) if keep else {"seeds": seeds, "tasks": {}, "seconds": {}}
+    for task in ([] if skip_training else tasks or configs):
+        started = time.time()
+        results["tasks"][task] = study_task(task, configs[task], seeds, print)
+        results["seconds"][task] = time.time() - started
+        saved.write_text(json.dumps(results, indent=1))
+        path.write_text(markdown(results))
+    path.write_text(markdown(results))
+    print(path.read_text())
+    return path
