@@ -221,15 +221,15 @@ def test_validate_names_the_offending_field():
         P.validate(P.Config(selection="best"))
     with pytest.raises(ValueError, match=r"^teacher='human'"):
         P.validate(P.Config(teacher="human"))
-    with pytest.raises(ValueError, match=r"^crop_min_length=20"):
-        P.validate(P.Config(crop_min_length=20, segment_length=16))
+    with pytest.raises(ValueError, match=r"^crop_min_fraction=1.5: must be in \(0, 1\]"):
+        P.validate(P.Config(crop_min_fraction=1.5))
     with pytest.raises(ValueError, match=r"^feedback_every=-1: must be >= 0"):
         P.validate(P.Config(feedback_every=-1))
     P.validate(P.Config())  # the defaults are valid
 
 
 def test_qpa_and_entropy_selection_run():
-    config = tiny_config(query_policy_aligned=True, crop_min_length=3, selection="entropy", teacher="myopic")
+    config = tiny_config(query_policy_aligned=True, crop_min_fraction=0.25, selection="entropy", teacher="myopic")
     env = CartPole()
     _, metrics = P.train(config, env, env.default_params, KEY)
     assert list(np.asarray(metrics["labels_used"]))[-1] == 25

@@ -122,7 +122,8 @@ class Config:
       ``disagreement``, ``entropy``) go to the teacher; at most ``budget`` labels
       in all; a round every ``feedback_every`` updates (0, the default: rounds
       spread evenly over the first ``FEEDBACK_SPAN`` = 80% of training).
-    * ``query_policy_aligned`` (QPA) and ``crop_min_length`` (shortest crop).
+    * ``query_policy_aligned`` (QPA) and ``crop_min_fraction`` (shortest crop, as a
+      fraction of ``segment_length``; mild crops: 8 of 16 steps hurt on Pendulum).
     * ``pretrain_updates`` updates of state-entropy pre-training, with the
       distance to the ``entropy_k``-th nearest neighbour in the rollout as reward.
     * ``teacher`` kind (static) and its numeric settings: ``teacher_beta``
@@ -185,7 +186,7 @@ class Config:
     feedback_every: int = static(0)
     selection: str = static("disagreement")
     query_policy_aligned: bool = static(False)
-    crop_min_length: int = static(8)
+    crop_min_fraction: float = static(0.875)
     pretrain_updates: int = static(0)
     entropy_k: int = static(5)
     teacher: str = static("oracle")
@@ -272,9 +273,9 @@ def validate(config: Config) -> None:
         ("feedback_every", config.feedback_every >= 0, "must be >= 0 (0: spread the budget over training)"),
         ("selection", config.selection in SELECTIONS, f"must be one of {list(SELECTIONS)}"),
         (
-            "crop_min_length",
-            1 <= config.crop_min_length <= config.segment_length,
-            f"must be in [1, segment_length={config.segment_length}]",
+            "crop_min_fraction",
+            0 < config.crop_min_fraction <= 1,
+            "must be in (0, 1] (the shortest crop as a fraction of segment_length)",
         ),
         ("pretrain_updates", config.pretrain_updates >= 0, "must be >= 0"),
         ("entropy_k", 1 <= config.entropy_k < config.batch_size, "must be in [1, num_envs*num_steps)"),
@@ -808,7 +809,8 @@ def make(config: Config, env, env_params, given_labels: GivenLabels | None = Non
             len_key, start_key = jax.random.split(key)
             batch = label.shape[0]
             full = r0.shape[-1]
-            length = jax.random.randint(len_key, (batch,), jnp.minimum(config.crop_min_length, full), full + 1)
+            shortest = max(1, round(config.crop_min_fraction * full))
+            length = jax.random.randint(len_key, (batch,), shortest, full + 1)
             start = jax.random.randint(start_key, (batch,), 0, full - length + 1)
             t = jnp.arange(full)
             window = ((t >= start[:, None]) & (t < (start + length)[:, None])).astype(jnp.float32)

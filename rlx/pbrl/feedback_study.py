@@ -141,16 +141,47 @@ def markdown(results: dict, seeds: int, seconds: float) -> str:
     return "\n".join(lines)
 
 
-def reproduce(out: Path, quick: bool, skip_training: bool, seeds: int = 5, tasks: tuple | None = None) -> Path:
-    """Run the study and write ``feedback.md`` / ``feedback.json`` into ``out`` (``_quick`` files for ``quick``)."""
+def rerun_strategies(saved: dict, task: str, settings: dict, strategies: tuple, seeds: int, log) -> dict:
+    """``saved``'s rows of one task with just the named strategies' rows trained again (e.g. after a change
+    that touches only them); random and PPO stay as saved, so every row keeps the same normalisation."""
+    from rlx.agents import pref_ppo
+    from rlx.envs import registry
+
+    unknown = set(strategies) - set(STRATEGIES)
+    if unknown:
+        raise ValueError(f"unknown strategies {sorted(unknown)}; valid: {list(STRATEGIES)}")
+    env, params = registry.make(task)
+    rows = dict(saved)
+    low, high = rows["random"]["mean"], rows["PPO, true reward"]["mean"]
+    for strategy in strategies:
+        for budget in BUDGETS:
+            config = pref_ppo.Config(**{**settings, **STRATEGIES[strategy], "budget": budget})
+            pref_ppo.validate(config)
+            returns = trained_returns(pref_ppo, config, env, params, seeds)
+            rows[f"{strategy}, {budget} labels"] = {
+                "returns": returns.tolist(), "mean": float(returns.mean()), "ci95": interval(returns),
+                "normalized": float((returns.mean() - low) / (high - low))}
+            log(f"{task}: {strategy} {budget}: {returns.mean():.1f} (rerun)")
+    return rows
+
+
+def reproduce(out: Path, quick: bool, skip_training: bool, seeds: int = 5, tasks: tuple | None = None,
+              strategies: tuple | None = None) -> Path:
+    """Run the study and write ``feedback.md`` / ``feedback.json`` into ``out`` (``_quick`` files for ``quick``).
+
+    ``tasks`` reruns only those tasks; ``strategies`` only those strategies' rows of the saved tables."""
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     configs = task_configs(quick)
     suffix = "_quick" if quick else ""
     path, saved = out / f"feedback{suffix}.md", out / f"feedback{suffix}.json"
-    results = json.loads(saved.read_text()) if tasks and saved.is_file() else {}  # rerun some tasks, keep the rest
+    keep = (tasks or strategies) and saved.is_file()
+    results = json.loads(saved.read_text()) if keep else {}  # rerun some tasks or rows, keep the rest
     for task in tasks or configs:  # the files are rewritten after each task: a long study keeps what it has
-        results[task] = study_task(task, configs[task], 2 if quick else seeds, print)
+        if strategies:
+            results[task] = rerun_strategies(results[task], task, configs[task], strategies, 2 if quick else seeds, print)
+        else:
+            results[task] = study_task(task, configs[task], 2 if quick else seeds, print)
         saved.write_text(json.dumps(results, indent=1))
         path.write_text(markdown(results, 2 if quick else seeds, time.time() - started))
     print(path.read_text())
