@@ -72,13 +72,13 @@ def markdown(saved: dict) -> str:
              "(mean ± 95% interval).", ""]
     for task, rows in results.items():
         low, high = np.mean(rows["random"]), np.mean(rows["PPO, true reward"])
-        lines += [f"### {task}", "", "| agent | return (mean ± 95% CI) | normalized | seeds solved or failed |",
+        lines += [f"### {task}", "", "| agent | return (mean ± 95% CI) | normalized | per seed: min, median, max |",
                   "|---|---:|---:|---|"]
         for label, returns in rows.items():
             returns = np.asarray(returns)
             lines.append(f"| {label} | {returns.mean():.1f} ± {feedback_study.interval(returns):.1f} | "
-                         f"{(returns.mean() - low) / (high - low):.2f} | min {returns.min():.0f}, "
-                         f"median {np.median(returns):.0f}, max {returns.max():.0f} |")
+                         f"{(returns.mean() - low) / (high - low):.2f} | {returns.min():.0f}, "
+                         f"{np.median(returns):.0f}, {returns.max():.0f} |")
         lines += ["", "| budget | query-aligned minus | difference | on the means | not significantly worse |",
                   "|---:|---|---:|---|---|"]
         for c in comparisons(rows):
