@@ -236,6 +236,18 @@ def test_qpa_and_entropy_selection_run():
     assert np.isfinite(np.asarray(metrics["loss"])).all()
 
 
+def test_qpa_over_the_latest_rollouts_reads_only_filled_pool_slots():
+    """aligned_rollouts=2: candidates from the newest 16 of 24 pool slots; in the first round only 8 are filled,
+    and a query from an empty slot (all-zero observations) would reach the label buffer."""
+    with pytest.raises(ValueError, match=r"^aligned_rollouts=3: must be >= 1 and at most .* = 2"):
+        tiny_config(query_policy_aligned=True, aligned_rollouts=3, pool_segments=16)
+    config = tiny_config(query_policy_aligned=True, aligned_rollouts=2, pool_segments=24, budget=30)
+    state, metrics = P.train(config, CartPole(), CartPole().default_params, KEY)
+    assert list(np.asarray(metrics["labels_used"])) == [10, 20, 30, 30, 30, 30]
+    observations = np.concatenate([np.asarray(state.labels.obs0), np.asarray(state.labels.obs1)])
+    assert (np.abs(observations).sum(axis=(1, 2)) > 0).all()  # no empty slot was ever queried
+
+
 # --------------------------------------------------------------------------- learning
 
 

@@ -123,7 +123,9 @@ class Config:
       in all; a round every ``feedback_every`` updates (0, the default: rounds
       spread evenly over the first ``FEEDBACK_SPAN`` = 80% of training).
     * ``query_policy_aligned`` (QPA) and ``crop_min_fraction`` (shortest crop, as a
-      fraction of ``segment_length``; mild crops: 8 of 16 steps hurt on Pendulum).
+      fraction of ``segment_length``; mild crops: 8 of 16 steps hurt on Pendulum);
+      ``aligned_rollouts``: QPA's candidates come from the segments of that many
+      latest rollouts (1: the current policy's rollout only).
     * ``pretrain_updates`` updates of state-entropy pre-training, with the
       distance to the ``entropy_k``-th nearest neighbour in the rollout as reward.
     * ``teacher`` kind (static) and its numeric settings: ``teacher_beta``
@@ -187,6 +189,7 @@ class Config:
     selection: str = static("disagreement")
     query_policy_aligned: bool = static(False)
     crop_min_fraction: float = static(0.875)
+    aligned_rollouts: int = static(1)
     pretrain_updates: int = static(0)
     entropy_k: int = static(5)
     teacher: str = static("oracle")
@@ -276,6 +279,12 @@ def validate(config: Config) -> None:
             "crop_min_fraction",
             0 < config.crop_min_fraction <= 1,
             "must be in (0, 1] (the shortest crop as a fraction of segment_length)",
+        ),
+        (
+            "aligned_rollouts",
+            1 <= config.aligned_rollouts and config.aligned_rollouts * config.segments_per_update <= config.pool_segments,
+            f"must be >= 1 and at most pool_segments / segments per rollout = "
+            f"{config.pool_segments // max(1, config.segments_per_update)}",
         ),
         ("pretrain_updates", config.pretrain_updates >= 0, "must be >= 0"),
         ("entropy_k", 1 <= config.entropy_k < config.batch_size, "must be in [1, num_envs*num_steps)"),
@@ -874,11 +883,17 @@ def make(config: Config, env, env_params, given_labels: GivenLabels | None = Non
                 state.reward_params, state.reward_opt_state, state.labels, train_key
             )
             return state.labels, reward_params, reward_opt_state, loss.mean()
-        if config.query_policy_aligned:
-            source, count = new_segments, S_new
+        if config.query_policy_aligned and config.aligned_rollouts == 1:  # this rollout's segments
+            source = new_segments
+            i0, i1 = random_pairs(pair_key, S_new, config.num_candidates)
+        elif config.query_policy_aligned:  # the newest rollouts' segments, counted back from the write position
+            source = state.pool
+            newest = jnp.minimum(state.pool_count, config.aligned_rollouts * S_new)
+            i0, i1 = ((state.pool_pos - 1 - i) % config.pool_segments
+                      for i in random_pairs(pair_key, newest, config.num_candidates))
         else:
-            source, count = state.pool, state.pool_count
-        i0, i1 = random_pairs(pair_key, count, config.num_candidates)
+            source = state.pool
+            i0, i1 = random_pairs(pair_key, state.pool_count, config.num_candidates)
         seg0, seg1 = gather(source, i0), gather(source, i1)
         chosen = select_queries(config.selection, pair_probs(state.reward_params, seg0, seg1), score_key,
                                 config.queries_per_feedback)
