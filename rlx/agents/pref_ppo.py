@@ -35,8 +35,9 @@ and teacher segment returns of this rollout; 0 when either is constant, e.g. a
 CartPole rollout without a fall).
 
 ``query_policy_aligned=True`` switches on QPA (Hu et al. 2023): candidates come
-only from the segments of the latest rollout (the current policy), and the reward
-model trains on random temporal crops of each labelled pair.
+only from the segments of the latest ``aligned_rollouts`` rollouts (default 1: the
+current policy's), and the reward model trains on random temporal crops of each
+labelled pair.
 
 Shape of the API (shared by every rlx agent): ``Config`` (a ``flax.struct``
 dataclass; numeric fields are pytree leaves, ``static`` fields shape the

@@ -100,22 +100,43 @@ def interval(values) -> float:
     return float(1.96 * values.std(ddof=1) / np.sqrt(len(values))) if len(values) > 1 else float("nan")
 
 
+def reference_returns(env, params, settings: dict, seeds: int) -> dict:
+    """The two rows every table normalises by: uniformly random actions and PPO on the true reward."""
+    from rlx.agents import ppo
+
+    ppo_config = ppo.Config(**{name: settings[name] for name in PPO_FIELDS if name in settings})
+    return {"random": random_returns(env, params, seeds),
+            "PPO, true reward": trained_returns(ppo, ppo_config, env, params, seeds)}
+
+
+def strategy_returns(env, params, settings: dict, strategy: str, budget: int, seeds: int) -> np.ndarray:
+    """Per-seed returns of preference PPO with one query strategy and label budget."""
+    from rlx.agents import pref_ppo
+
+    config = pref_ppo.Config(**{**settings, **STRATEGIES[strategy], "budget": budget})
+    pref_ppo.validate(config)
+    return trained_returns(pref_ppo, config, env, params, seeds)
+
+
+def summarise(returns: np.ndarray, low: float, high: float) -> dict:
+    """One table row: per-seed returns, mean, 95% interval, and the mean normalised between low and high."""
+    return {"returns": returns.tolist(), "mean": float(returns.mean()), "ci95": interval(returns),
+            "normalized": float((returns.mean() - low) / (high - low))}
+
+
 def study_task(task: str, settings: dict, seeds: int, log) -> dict:
     """Every row of one task: random, PPO on the true reward, and each strategy x budget."""
-    from rlx.agents import ppo, pref_ppo
+    from rlx.agents import pref_ppo
     from rlx.envs import registry
 
     env, params = registry.make(task)
-    rows = {"random": random_returns(env, params, seeds)}
-    ppo_config = ppo.Config(**{name: settings[name] for name in PPO_FIELDS if name in settings})
-    rows["PPO, true reward"] = trained_returns(ppo, ppo_config, env, params, seeds)
+    rows = reference_returns(env, params, settings, seeds)
     log(f"{task}: random {rows['random'].mean():.1f}, PPO {rows['PPO, true reward'].mean():.1f}")
-    for strategy, choice in STRATEGIES.items():
+    for strategy in STRATEGIES:
         for budget in BUDGETS:
-            config = pref_ppo.Config(**{**settings, **choice, "budget": budget})
-            pref_ppo.validate(config)
             started = time.time()
-            rows[f"{strategy}, {budget} labels"] = returns = trained_returns(pref_ppo, config, env, params, seeds)
+            rows[f"{strategy}, {budget} labels"] = returns = strategy_returns(env, params, settings, strategy, budget,
+                                                                              seeds)
             log(f"{task}: {strategy} {budget}: {returns.mean():.1f} ({time.time() - started:.0f} s)")
     for teacher, numbers in TEACHERS.get(task, {}).items():
         config = pref_ppo.Config(**{**settings, "selection": "uniform", **numbers, "teacher": teacher,
@@ -124,8 +145,7 @@ def study_task(task: str, settings: dict, seeds: int, log) -> dict:
             pref_ppo, config, env, params, seeds)
         log(f"{task}: {teacher} teacher: {returns.mean():.1f}")
     low, high = rows["random"].mean(), rows["PPO, true reward"].mean()
-    return {label: {"returns": returns.tolist(), "mean": float(returns.mean()), "ci95": interval(returns),
-                    "normalized": float((returns.mean() - low) / (high - low))} for label, returns in rows.items()}
+    return {label: summarise(returns, low, high) for label, returns in rows.items()}
 
 
 def markdown(results: dict, seeds: int, seconds: float) -> str:
@@ -144,7 +164,6 @@ def markdown(results: dict, seeds: int, seconds: float) -> str:
 def rerun_strategies(saved: dict, task: str, settings: dict, strategies: tuple, seeds: int, log) -> dict:
     """``saved``'s rows of one task with just the named strategies' rows trained again (e.g. after a change
     that touches only them); random and PPO stay as saved, so every row keeps the same normalisation."""
-    from rlx.agents import pref_ppo
     from rlx.envs import registry
 
     unknown = set(strategies) - set(STRATEGIES)
@@ -155,12 +174,8 @@ def rerun_strategies(saved: dict, task: str, settings: dict, strategies: tuple, 
     low, high = rows["random"]["mean"], rows["PPO, true reward"]["mean"]
     for strategy in strategies:
         for budget in BUDGETS:
-            config = pref_ppo.Config(**{**settings, **STRATEGIES[strategy], "budget": budget})
-            pref_ppo.validate(config)
-            returns = trained_returns(pref_ppo, config, env, params, seeds)
-            rows[f"{strategy}, {budget} labels"] = {
-                "returns": returns.tolist(), "mean": float(returns.mean()), "ci95": interval(returns),
-                "normalized": float((returns.mean() - low) / (high - low))}
+            returns = strategy_returns(env, params, settings, strategy, budget, seeds)
+            rows[f"{strategy}, {budget} labels"] = summarise(returns, low, high)
             log(f"{task}: {strategy} {budget}: {returns.mean():.1f} (rerun)")
     return rows
 

@@ -1,4 +1,4 @@
-"""Query strategies at small label budgets: ``python -m rlx.reproduce pbrl_queries [--quick] [--seeds 16]``.
+"""Query strategies at small label budgets: ``python -m rlx.reproduce pbrl_queries [--quick]`` (16 seeds).
 
 The feedback study's 5 seeds per row cannot tell the strategies apart at 25 and 50 labels: there a
 row's 95% interval is often 100+ return wide on CartPole and 400+ on Pendulum, because each seed
@@ -28,20 +28,15 @@ ALIGNED = "query-aligned"
 
 def study_task(task: str, settings: dict, seeds: int, log) -> dict:
     """Random, PPO on the true reward, and each strategy at each small budget: per-seed returns."""
-    from rlx.agents import ppo, pref_ppo
     from rlx.envs import registry
 
     env, params = registry.make(task)
-    rows = {"random": feedback_study.random_returns(env, params, seeds)}
-    ppo_config = ppo.Config(**{name: settings[name] for name in feedback_study.PPO_FIELDS if name in settings})
-    rows["PPO, true reward"] = feedback_study.trained_returns(ppo, ppo_config, env, params, seeds)
+    rows = feedback_study.reference_returns(env, params, settings, seeds)
     for budget in BUDGETS:
-        for strategy, choice in feedback_study.STRATEGIES.items():
-            config = pref_ppo.Config(**{**settings, **choice, "budget": budget})
-            pref_ppo.validate(config)
+        for strategy in feedback_study.STRATEGIES:
             started = time.time()
-            rows[f"{strategy}, {budget} labels"] = returns = feedback_study.trained_returns(
-                pref_ppo, config, env, params, seeds)
+            rows[f"{strategy}, {budget} labels"] = returns = feedback_study.strategy_returns(
+                env, params, settings, strategy, budget, seeds)
             log(f"{task}: {strategy} {budget}: {returns.mean():.1f} ({time.time() - started:.0f} s)")
     return {label: returns.tolist() for label, returns in rows.items()}
 
