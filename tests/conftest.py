@@ -1,5 +1,6 @@
 """Test settings: JAX on the CPU with rlx's XLA flags, fast compilation and a persistent compile cache."""
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -11,35 +12,81 @@ TEST_CACHE = Path(os.environ.get("RLX_TEST_CACHE", ROOT / ".pytest_cache" / "jax
 
 from rlx.runner import compile_cache  # noqa: E402
 
-# The suite compiles a few hundred small programs and runs each one briefly, so on a cold cache
-# (as in CI) compiling is most of its time, and LLVM's optimisation passes much of compiling.
-# Without them (XLA's backend optimisation level 0; levels 1 and 2 save nothing) a compile-heavy
-# subset ran 22% faster on our 2-core machine, and the whole cold suite 13% (1136 s to 989 s);
-# every test passes with and without them. Long-running programs get slower, which is why the
-# vendoring test's demo runs keep the default. RLX_TEST_XLA_OPT=full tests every program exactly
-# as users compile it. The flag goes into XLA_FLAGS, so the `python -m rlx.train` subprocesses
-# of the tests inherit it.
-FAST_COMPILE_FLAG = "--xla_backend_optimization_level=0"
+# The suite compiles a few hundred small programs and runs most of them briefly, so on a cold
+# cache (as in CI) compiling is most of its time. Two XLA settings make compiling faster: no LLVM
+# optimisation passes (backend optimisation level 0; levels 1 and 2 save nothing), which took the
+# whole cold suite from 1136 s to 989 s on our 2-core machine, and XLA CPU's older loop emitters
+# instead of its new fusion emitters, which halved the compile time of Dreamer's training program
+# (19 s to 10 s at level 0) and of the PbRL test file (202 s to 109 s). The programs they make run
+# several times slower (PPO on CartPole: 5.5x), so tests that train for many steps ask for XLA's
+# defaults back: in process with the `optimised` fixture, in subprocesses with `full_opt_env()`.
+# RLX_TEST_XLA_OPT=full compiles every program exactly as users do. The flags go into XLA_FLAGS,
+# so the `python -m rlx.train` subprocesses of the tests inherit them.
+FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+FULL_OPT_OPTIONS = {"xla_backend_optimization_level": 3, "xla_cpu_use_fusion_emitters": True}  # XLA's defaults
 XLA_OPT = os.environ.get("RLX_TEST_XLA_OPT", "fast")
 if XLA_OPT not in ("fast", "full"):
     raise pytest.UsageError(f"RLX_TEST_XLA_OPT={XLA_OPT!r}: must be 'fast' (the default) or 'full'")
 if XLA_OPT == "fast":
-    compile_cache.add_xla_flag(FAST_COMPILE_FLAG)
+    for flag in FAST_COMPILE_FLAGS:
+        compile_cache.add_xla_flag(flag)
 compile_cache.set_xla_flags()
 compile_cache.enable(TEST_CACHE)
 
 
+def full_opt_env(env=None) -> dict:
+    """``env`` (default: this process's environment) without the suite's fast-compile XLA flags."""
+    env = dict(os.environ if env is None else env)
+    fast = tuple(flag.split("=")[0] for flag in FAST_COMPILE_FLAGS)
+    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(fast))
+    return env
+
+
+@contextlib.contextmanager
+def full_optimisation():
+    """Inside: every ``jax.jit`` compiles with XLA's default optimisation, for code that trains for many steps.
+
+    The agents' ``train`` functions and the runner jit at call time, so this reaches them; functions
+    jitted when their module was imported keep the suite's fast-compile settings.
+    """
+    import jax
+
+    plain_jit = jax.jit
+
+    def jit(*fun, **kwargs):
+        kwargs.setdefault("compiler_options", FULL_OPT_OPTIONS)
+        return plain_jit(*fun, **kwargs)
+
+    jax.jit = jit
+    try:
+        yield
+    finally:
+        jax.jit = plain_jit
+
+
+@pytest.fixture
+def optimised():
+    """The test's programs compile with XLA's default optimisation (see ``full_optimisation``)."""
+    with full_optimisation():
+        yield
+
+
 @pytest.fixture
 def run_cli(tmp_path):
-    """Run ``python -m rlx.train ARGS`` in a subprocess; returns the CompletedProcess."""
+    """Run ``python -m rlx.train ARGS`` in a subprocess; returns the CompletedProcess.
+
+    ``full_opt=True``: the subprocess compiles with XLA's defaults, for runs that train for many steps.
+    """
     import subprocess
 
-    def run(*args, timeout=300, cache=str(TEST_CACHE)):
+    def run(*args, timeout=300, cache=str(TEST_CACHE), full_opt=False):
         command = [sys.executable, "-m", "rlx.train", *args]
         if not any(a.startswith("hydra.run.dir=") for a in args):
             command.append(f"hydra.run.dir={tmp_path / 'run'}")
         if not any(a.startswith("run.compile_cache=") for a in args):
             command.append(f"run.compile_cache={cache}")
-        return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+        env = full_opt_env() if full_opt else None
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
 
     return run
+

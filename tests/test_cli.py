@@ -21,9 +21,15 @@ RECORD_KEYS = {"chunk", "update", "env_steps", "time", "elapsed_seconds", "steps
 
 
 @pytest.fixture(scope="module")
-def two_identical_runs(tmp_path_factory):
+def cli_cache(tmp_path_factory):
+    """A compile cache that starts empty in this module."""
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="module")
+def two_identical_runs(tmp_path_factory, cli_cache):
     """The same tiny config twice with a fresh compile cache: (summary, records) per run."""
-    cache = tmp_path_factory.mktemp("cache")
+    cache = cli_cache
     results = []
     for name in ("first", "second"):
         run_dir = tmp_path_factory.mktemp(name)
@@ -72,8 +78,9 @@ def test_second_identical_run_compiles_nothing(two_identical_runs):
     assert second["compile_cache"]["hits"] == first["compile_cache"]["misses"]
 
 
-def test_different_seed_gives_different_returns(run_cli, two_identical_runs, tmp_path):
-    done = run_cli(*TINY, "run.seed=1", f"hydra.run.dir={tmp_path / 'other'}")
+def test_different_seed_gives_different_returns(run_cli, two_identical_runs, cli_cache, tmp_path):
+    # The same programs as the first runs' (the seed is data): their compile cache serves this run too.
+    done = run_cli(*TINY, "run.seed=1", f"hydra.run.dir={tmp_path / 'other'}", cache=str(cli_cache))
     assert done.returncode == 0, done.stderr
     other = json.loads((tmp_path / "other" / "summary.json").read_text())
     assert [r["train_return"] for r in two_identical_runs[0][2]] != other  # sanity: parsed

@@ -8,7 +8,7 @@ from rlx.envs import registry
 
 
 def test_ppo_cartpole_preset_reaches_475(run_cli, tmp_path):
-    done = run_cli("+exp=ppo_cartpole", "logger=none")
+    done = run_cli("+exp=ppo_cartpole", "logger=none", full_opt=True)
     assert done.returncode == 0, done.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["num_seeds"] == 4

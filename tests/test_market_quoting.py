@@ -32,7 +32,7 @@ def state_at(time, inventory, mid=100.0):
 
 
 @pytest.mark.parametrize("gamma", sorted(AVELLANEDA_STOIKOV_RERUNS))
-def test_avellaneda_stoikov_simulation_matches_published_reruns(gamma):
+def test_avellaneda_stoikov_simulation_matches_published_reruns(gamma, optimised):
     spread, pnl_mean, pnl_std, inventory_std = AVELLANEDA_STOIKOV_RERUNS[gamma]
     env, params = make()
     paths = 20_000
@@ -66,7 +66,7 @@ def test_gueant_lehalle_tapia_quotes_by_hand():
         np.testing.assert_allclose([bid, ask], [c1 + (2 * q + 1) / 2 * c2, c1 - (2 * q - 1) / 2 * c2], rtol=1e-5)
 
 
-def test_cartea_jaimungal_value_matches_monte_carlo_in_fine_time():
+def test_cartea_jaimungal_value_matches_monte_carlo_in_fine_time(optimised):
     """With dt small (2000 steps) the environment approaches the continuous model the matrix exponential solves."""
     env, params = make(max_steps_in_episode=2000, **CJ_PENALTIES)
     result = baselines.simulate(env, params, baselines.cartea_jaimungal(params), jax.random.PRNGKey(3), 4000)
@@ -152,7 +152,7 @@ def test_penalties_enter_the_reward():
     np.testing.assert_allclose(rewards.sum(1), expected, rtol=1e-4, atol=0.05)
 
 
-def test_ornstein_uhlenbeck_mid_has_its_stationary_moments():
+def test_ornstein_uhlenbeck_mid_has_its_stationary_moments(optimised):
     theta, sigma = 5.0, 2.0
     env, params = make(price_process="ou", ou_rate=theta, sigma=sigma, max_steps_in_episode=1000)
     state, _ = rollout(env, params, [10.0, 10.0], 1000, 4000)
@@ -162,13 +162,13 @@ def test_ornstein_uhlenbeck_mid_has_its_stationary_moments():
     assert mids.var() == pytest.approx(variance, rel=0.1)
 
 
-def test_jumps_add_their_variance():
+def test_jumps_add_their_variance(optimised):
     env, params = make(price_process="jump", jump_rate=20.0, jump_std=1.0, sigma=1.0, max_steps_in_episode=1000)
     state, _ = rollout(env, params, [10.0, 10.0], 1000, 4000)
     assert np.asarray(state.mid).var() == pytest.approx(1.0 + 20.0 * 1.0, rel=0.1)
 
 
-def test_hawkes_arrivals_excite_themselves():
+def test_hawkes_arrivals_excite_themselves(optimised):
     """Depth 0 fills every arrival; E[arrivals] = A T + int_0^T alpha A / (beta - alpha) (1 - e^-(beta - alpha) t) dt."""
     a, alpha, beta = 140.0, 50.0, 100.0
     env, params = make(arrival_process="hawkes", hawkes_jump=alpha, hawkes_decay=beta,

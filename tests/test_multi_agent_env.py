@@ -177,7 +177,7 @@ def episode_returns(keys, params):
 
 
 @pytest.mark.parametrize("death_prob", [0.0, 0.25])
-def test_oracle_reaches_the_optimum_and_teammate_blind_policies_get_one_over_k(death_prob):
+def test_oracle_reaches_the_optimum_and_teammate_blind_policies_get_one_over_k(death_prob, optimised):
     params = COOP.default_params.replace(death_prob=death_prob)
     episodes = 4096
     returns = episode_returns(jax.random.split(jax.random.PRNGKey(0), episodes), params)

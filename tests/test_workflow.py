@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import ROOT, TEST_CACHE
+from conftest import ROOT, TEST_CACHE, full_opt_env
 from rlx.runner import checkpoints
 
 TINY = ["+exp=ppo_cartpole", "algo.total_timesteps=2048", "algo.num_envs=4", "algo.num_steps=64",
@@ -65,7 +65,8 @@ def test_bad_sweeps_fail_in_one_line(run_cli, override, message, tmp_path):
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
-# Long enough per chunk (about 0.1 s) to be killed midway, small enough to stay quick.
+# Long enough per chunk (about 0.1 s) to be killed midway, small enough to stay quick. These runs train
+# for 295k steps, so they compile with XLA's defaults (full_opt_env), not the suite's fast-compile flags.
 KILLABLE = ["+exp=ppo_cartpole", "algo.total_timesteps=147456", "algo.num_envs=64", "algo.num_steps=128",
             "run.num_seeds=2", "run.chunk_updates=1", "run.checkpoint_every_chunks=1", "run.eval_every_chunks=6",
             "run.eval_episodes=2", "logger=none"]
@@ -74,7 +75,7 @@ KILLABLE = ["+exp=ppo_cartpole", "algo.total_timesteps=147456", "algo.num_envs=6
 def launch(run_dir, *extra):
     return subprocess.Popen([sys.executable, "-m", "rlx.train", *KILLABLE, *extra, f"hydra.run.dir={run_dir}",
                              f"run.compile_cache={TEST_CACHE}"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, env=full_opt_env())
 
 
 def strip_times(records):
@@ -105,7 +106,8 @@ def test_sigkilled_run_resumes_bit_for_bit(uninterrupted, tmp_path):
     assert 6 <= killed_at < 18, killed_at  # 18 updates in all: the kill landed mid-run
 
     done = subprocess.run([sys.executable, "-m", "rlx.train", f"run.resume={run_dir}", "logger=none",
-                           f"run.compile_cache={TEST_CACHE}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                           f"run.compile_cache={TEST_CACHE}"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=full_opt_env())
     assert done.returncode == 0, done.stderr
 
     expected, resumed = read_run(uninterrupted), read_run(run_dir)
