@@ -282,7 +282,7 @@ def test_cartpole_from_oracle_preferences():
     returns = np.asarray(metrics["train_return"])
     assert int(np.asarray(metrics["labels_used"])[-1]) <= 200
     # A random policy averages about 22. The end of this one-seed run moves with float rounding (XLA's
-    # compile settings): about 500 with the defaults, about 280 with the suite's fast-compile flags.
+    # compile settings): above 400 at optimisation level 0 alone, about 280 with the older emitters too.
     assert returns[-10:].mean() > 200.0, returns
     true, learned = random_policy_segments(P.make(config, env, env.default_params).reward, state.reward_params)
     assert np.unique(np.asarray(true)).size > 1
