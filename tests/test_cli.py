@@ -83,6 +83,7 @@ def test_different_seed_gives_different_returns(run_cli, two_identical_runs, cli
     done = run_cli(*TINY, "run.seed=1", f"hydra.run.dir={tmp_path / 'other'}", cache=str(cli_cache))
     assert done.returncode == 0, done.stderr
     other = json.loads((tmp_path / "other" / "summary.json").read_text())
+    assert other["compile_cache"]["misses"] == 0, other["compile_cache"]
     assert [r["train_return"] for r in two_identical_runs[0][2]] != other  # sanity: parsed
     first_curve = json.loads((two_identical_runs[0][0] / "metrics.jsonl").read_text().splitlines()[-1])
     other_curve = json.loads((tmp_path / "other" / "metrics.jsonl").read_text().splitlines()[-1])
