@@ -34,12 +34,17 @@ compile_cache.set_xla_flags()
 compile_cache.enable(TEST_CACHE)
 
 
+def env_without_xla_flags(*flags: str, env=None) -> dict:
+    """``env`` (default: this process's environment) with ``flags`` (``--name``, any value) out of XLA_FLAGS."""
+    env = dict(os.environ if env is None else env)
+    names = tuple(flag.split("=")[0] for flag in flags)
+    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(names))
+    return env
+
+
 def full_opt_env(env=None) -> dict:
     """``env`` (default: this process's environment) without the suite's fast-compile XLA flags."""
-    env = dict(os.environ if env is None else env)
-    fast = tuple(flag.split("=")[0] for flag in FAST_COMPILE_FLAGS)
-    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(fast))
-    return env
+    return env_without_xla_flags(*FAST_COMPILE_FLAGS, env=env)
 
 
 @contextlib.contextmanager
@@ -89,4 +94,3 @@ def run_cli(tmp_path):
         return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
 
     return run
-

@@ -29,12 +29,11 @@ def cli_cache(tmp_path_factory):
 @pytest.fixture(scope="module")
 def two_identical_runs(tmp_path_factory, cli_cache):
     """The same tiny config twice with a fresh compile cache: (summary, records) per run."""
-    cache = cli_cache
     results = []
     for name in ("first", "second"):
         run_dir = tmp_path_factory.mktemp(name)
         done = subprocess.run(
-            [sys.executable, "-m", "rlx.train", *TINY, f"hydra.run.dir={run_dir}", f"run.compile_cache={cache}"],
+            [sys.executable, "-m", "rlx.train", *TINY, f"hydra.run.dir={run_dir}", f"run.compile_cache={cli_cache}"],
             capture_output=True, text=True, timeout=300, cwd=ROOT,
         )
         assert done.returncode == 0, done.stderr

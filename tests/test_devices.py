@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT, TEST_CACHE
+from conftest import ROOT, TEST_CACHE, env_without_xla_flags
 
 TINY = ["+exp=ppo_cartpole", "algo.total_timesteps=2048", "algo.num_envs=4", "algo.num_steps=64",
         "run.chunk_updates=4", "run.eval_episodes=4", "logger=none", f"run.compile_cache={TEST_CACHE}"]
@@ -16,11 +16,10 @@ FOUR_DEVICES = "--xla_force_host_platform_device_count=4"
 
 
 def train(run_dir, *args, devices: int):
-    env = dict(os.environ)
     # XLA's default fusion emitters, as users compile with: the older ones the suite uses elsewhere to
     # compile faster round a 4-device program differently enough to change an evaluation return.
-    flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_cpu_use_fusion_emitters")]
-    env["XLA_FLAGS"] = " ".join(flags + ([FOUR_DEVICES] if devices == 4 else []))
+    env = env_without_xla_flags("--xla_cpu_use_fusion_emitters")
+    env["XLA_FLAGS"] = f"{env['XLA_FLAGS']} {FOUR_DEVICES if devices == 4 else ''}".strip()
     one_device = ["run.cpu_devices=1"] if devices == 1 else []
     done = subprocess.run([sys.executable, "-m", "rlx.train", *TINY, *one_device, *args, f"hydra.run.dir={run_dir}"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300, env=env)
