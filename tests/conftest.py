@@ -86,11 +86,37 @@ def run_cli(tmp_path):
 
     def run(*args, timeout=300, cache=str(TEST_CACHE), full_opt=False):
         command = [sys.executable, "-m", "rlx.train", *args]
-        if not any(a.startswith("hydra.run.dir=") for a in args):
+        if not any(a.startswith("hydra.run.dir=") for a in args):  # the directory and cache as run_cli's
             command.append(f"hydra.run.dir={tmp_path / 'run'}")
         if not any(a.startswith("run.compile_cache=") for a in args):
             command.append(f"run.compile_cache={cache}")
         env = full_opt_env() if full_opt else None
         return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+
+    return run
+
+
+@pytest.fixture
+def train_in_process(tmp_path, monkeypatch, capsys):
+    """``python -m rlx.train ARGS`` for runs that must stop before training (bad input), in this process.
+
+    Returns (exit code, stderr). It skips a fresh interpreter's ~3 s of imports per case; test_cli checks the
+    same kind of failures through real processes. The environment (XLA_FLAGS) is restored afterwards, and
+    Hydra leaves logging alone (its handlers would outlive the test's captured streams).
+    """
+    import rlx.train
+
+    def run(*args) -> tuple[int, str]:
+        argv = ["rlx.train", *args, "hydra/job_logging=none", "hydra/hydra_logging=none"]
+        if not any(a.startswith("hydra.run.dir=") for a in args):  # the directory and cache as run_cli's
+            argv.append(f"hydra.run.dir={tmp_path / 'run'}")
+        if not any(a.startswith("run.compile_cache=") for a in args):
+            argv.append(f"run.compile_cache={TEST_CACHE}")
+        monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
+        monkeypatch.setattr(sys, "argv", argv)
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as stopped:
+            rlx.train.main()
+        return stopped.value.code, capsys.readouterr().err
 
     return run

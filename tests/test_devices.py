@@ -45,10 +45,10 @@ def test_four_devices_split_seeds_like_one_device_and_the_checkpoint_reloads_on_
     four = train(tmp_path / "four", "run.num_seeds=4", devices=4)
     assert one[0]["devices"] == "1 device (cpu)" and four[0]["devices"] == "4 devices: seeds split 4 / 4"
     assert_same_training(one, four)
-    done = subprocess.run([sys.executable, "-m", "rlx.evaluate", f"run_dir={tmp_path / 'four'}", "episodes=2"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)  # rlx.evaluate: one device
-    assert done.returncode == 0, done.stderr
-    assert len(json.loads((tmp_path / "four" / "evaluation.json").read_text())["points"][0]["per_seed"]) == 4
+    from rlx.evaluate import evaluate_run
+
+    reloaded = evaluate_run(tmp_path / "four", episodes=2, greedy=True, seed=0)  # in this one-device process
+    assert len(reloaded["points"][0]["per_seed"]) == 4
 
 
 def test_four_devices_split_sweep_points_like_one_device(tmp_path):
@@ -91,9 +91,8 @@ def test_cpu_devices_default_uses_every_core(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("value", ["0", "many", "true"])
-def test_bad_cpu_devices_fail_in_one_line(tmp_path, value):
-    done = subprocess.run([sys.executable, "-m", "rlx.train", *TINY, f"run.cpu_devices={value}",
-                           f"hydra.run.dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 2
-    assert "run.cpu_devices=" in done.stderr and "must be 'auto' or an integer >= 1" in done.stderr
-    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+def test_bad_cpu_devices_fail_in_one_line(train_in_process, value):
+    code, stderr = train_in_process(*TINY, f"run.cpu_devices={value}")
+    assert code == 2
+    assert "run.cpu_devices=" in stderr and "must be 'auto' or an integer >= 1" in stderr
+    assert len(stderr.strip().splitlines()) == 1, stderr

@@ -13,8 +13,7 @@ from gymnax.environments import environment, spaces
 
 from rlx.agents import dreamer
 
-SMALL = dict(deter_size=32, hidden_size=32, mlp_layers=1, num_latents=4, num_classes=4, batch_size=4, seq_len=8,
-             horizon=5, num_envs=2, num_steps=8, train_ratio=0.125, capacity_steps=64)
+SMALL = dreamer.SMALL  # the command line's --small sizes
 
 
 # --------------------------------------------------------------------------- imagination

@@ -136,10 +136,15 @@ def tiny_config(**overrides):
     return config
 
 
-def test_label_buffer_never_exceeds_budget_and_pool_is_a_ring():
-    config = tiny_config()
+@pytest.fixture(scope="module")
+def tiny_run():
+    """Six updates of the tiny configuration with no terminal penalty (one compiled program, two tests)."""
     env = CartPole()
-    state, metrics = P.train(config, env, env.default_params, KEY)
+    return P.train(tiny_config(teacher_terminal_penalty=0.0), env, env.default_params, KEY)
+
+
+def test_label_buffer_never_exceeds_budget_and_pool_is_a_ring(tiny_run):
+    state, metrics = tiny_run
     assert list(np.asarray(metrics["labels_used"])) == [10, 20, 25, 25, 25, 25]
     assert list(np.asarray(metrics["asked_feedback"])) == [1, 1, 1, 0, 0, 0]
     assert state.labels.label.shape == (25,) and int(state.labels.count) == 25
@@ -149,11 +154,9 @@ def test_label_buffer_never_exceeds_budget_and_pool_is_a_ring():
     assert np.isfinite(np.asarray(metrics["train_return"])).all()
 
 
-def test_segments_after_a_termination_are_absorbing_and_pay_the_teacher_nothing():
+def test_segments_after_a_termination_are_absorbing_and_pay_the_teacher_nothing(tiny_run):
     """CartPole pays 1 per step: in the pool, the teacher's reward is 0 exactly on the absorbing steps."""
-    config = tiny_config(teacher_terminal_penalty=0.0, total_timesteps=64 * 2)
-    env = CartPole()
-    state, _ = P.train(config, env, env.default_params, KEY)
+    state, _ = tiny_run
     absorbing, reward = np.asarray(state.pool.absorbing), np.asarray(state.pool.reward)
     assert set(np.unique(absorbing)) == {0.0, 1.0}  # a near-random policy falls inside some 8-step segments
     assert (absorbing[:, 0] == 0).all() and (np.diff(absorbing, axis=1) >= 0).all()  # from the first fall on
@@ -228,24 +231,19 @@ def test_validate_names_the_offending_field():
     P.validate(P.Config())  # the defaults are valid
 
 
-def test_qpa_and_entropy_selection_run():
-    config = tiny_config(query_policy_aligned=True, crop_min_fraction=0.25, selection="entropy", teacher="myopic")
-    env = CartPole()
-    _, metrics = P.train(config, env, env.default_params, KEY)
-    assert list(np.asarray(metrics["labels_used"]))[-1] == 25
-    assert np.isfinite(np.asarray(metrics["loss"])).all()
-
-
 def test_qpa_over_the_latest_rollouts_reads_only_filled_pool_slots():
     """aligned_rollouts=2: candidates from the newest 16 of 24 pool slots; in the first round only 8 are filled,
-    and a query from an empty slot (all-zero observations) would reach the label buffer."""
+    and a query from an empty slot (all-zero observations) would reach the label buffer. With temporal crops,
+    entropy selection and the myopic teacher, so that those options run too."""
     with pytest.raises(ValueError, match=r"^aligned_rollouts=3: must be >= 1 and at most .* = 2"):
         tiny_config(query_policy_aligned=True, aligned_rollouts=3, pool_segments=16)
-    config = tiny_config(query_policy_aligned=True, aligned_rollouts=2, pool_segments=24, budget=30)
+    config = tiny_config(query_policy_aligned=True, aligned_rollouts=2, pool_segments=24, budget=30,
+                         crop_min_fraction=0.25, selection="entropy", teacher="myopic")
     state, metrics = P.train(config, CartPole(), CartPole().default_params, KEY)
     assert list(np.asarray(metrics["labels_used"])) == [10, 20, 30, 30, 30, 30]
     observations = np.concatenate([np.asarray(state.labels.obs0), np.asarray(state.labels.obs1)])
     assert (np.abs(observations).sum(axis=(1, 2)) > 0).all()  # no empty slot was ever queried
+    assert np.isfinite(np.asarray(metrics["loss"])).all()
 
 
 # --------------------------------------------------------------------------- learning

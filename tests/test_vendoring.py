@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from conftest import FAST_COMPILE_FLAGS, ROOT
 
 AGENT_FILES = sorted((ROOT / "rlx" / "agents").glob("[!_]*.py"))
 ALLOWED = {"jax", "flax", "optax", "distrax", "chex", "numpy", "__future__", "dataclasses", "typing", "functools",
@@ -35,22 +35,22 @@ DEMOS = {
     "pref_ppo.py": (61440, 100.0),  # CartPole from 100 oracle preferences (no true reward): random about 22
 }
 # Demos that take far longer than the fast suite's ~30 s per test (dreamer's: about two minutes)
-# train to their threshold as `slow`; the fast suite runs them alone for this many timesteps, to
-# the end, compiled without LLVM's optimisation passes as the rest of the suite is.
-SHORT_DEMOS = {"dreamer.py": 128}
+# train to their threshold as `slow`; the fast suite runs them alone with these arguments, to the
+# end, compiled with the fast-compile XLA flags of the rest of the suite.
+SHORT_DEMOS = {"dreamer.py": ("--timesteps", "64", "--small")}
 
 
 def test_every_agent_file_has_a_demo():
     assert {p.name for p in AGENT_FILES} <= set(DEMOS), "add the new agent's demo budget to DEMOS"
 
 
-def run_alone(tmp_path, name, timesteps, xla_flags=None):
+def run_alone(tmp_path, name, args, xla_flags=None):
     """Copy one agent file into an empty folder and run its demo there with a bare environment."""
     shutil.copy(ROOT / "rlx" / "agents" / name, tmp_path / name)
     env = {"PATH": "/usr/bin:/bin", "PYTHONNOUSERSITE": "1", "HOME": str(tmp_path)}
     if xla_flags:
         env["XLA_FLAGS"] = xla_flags
-    done = subprocess.run([sys.executable, name, "--timesteps", str(timesteps)], cwd=tmp_path,
+    done = subprocess.run([sys.executable, name, *args], cwd=tmp_path,
                           capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr
     return float(re.search(r"final train return\s+(-?[\d.]+|nan)", done.stdout).group(1)), done.stdout
@@ -60,12 +60,12 @@ def run_alone(tmp_path, name, timesteps, xla_flags=None):
                                   for n in sorted(DEMOS)])
 def test_agent_file_trains_alone(tmp_path, name):
     timesteps, threshold = DEMOS[name]
-    final, stdout = run_alone(tmp_path, name, timesteps)
+    final, stdout = run_alone(tmp_path, name, ("--timesteps", str(timesteps)))
     assert final > threshold, stdout
 
 
 @pytest.mark.parametrize("name", sorted(SHORT_DEMOS))
 def test_slow_agent_file_runs_alone_to_the_end(tmp_path, name):
     # With XLA_FLAGS already set, as a user's may be: the demo adds its scheduler workaround to them.
-    final, stdout = run_alone(tmp_path, name, SHORT_DEMOS[name], xla_flags="--xla_backend_optimization_level=0")
+    final, stdout = run_alone(tmp_path, name, SHORT_DEMOS[name], xla_flags=" ".join(FAST_COMPILE_FLAGS))
     assert np.isfinite(final), stdout

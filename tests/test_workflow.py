@@ -57,11 +57,11 @@ def test_sweep_trains_every_point_in_one_program_and_matches_single_runs(run_cli
     ("sweep.algo.lr=[1e-3,-1]", "sweep point algo.lr=-1: algo.lr=-1.0: must be > 0"),
     ("sweep.env.gravity=[9,10]", "sweep.env: only sweep.algo.* can be swept inside one program"),
 ])
-def test_bad_sweeps_fail_in_one_line(run_cli, override, message, tmp_path):
-    done = run_cli(*TINY, override)
-    assert done.returncode == 2, done.stderr
-    assert message in done.stderr
-    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+def test_bad_sweeps_fail_in_one_line(train_in_process, override, message, tmp_path):
+    code, stderr = train_in_process(*TINY, override)
+    assert code == 2, stderr
+    assert message in stderr
+    assert len(stderr.strip().splitlines()) == 1, stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
@@ -121,30 +121,29 @@ def test_sigkilled_run_resumes_bit_for_bit(uninterrupted, tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_resume_with_a_different_config_names_the_keys(uninterrupted, run_cli):
-    done = run_cli(*KILLABLE, "algo.lr=1e-3", f"run.resume={uninterrupted}")
-    assert done.returncode == 2
-    assert "the config differs from the checkpointed run's (algo.lr: 0.0025 -> 0.001)" in done.stderr
-    assert "Traceback" not in done.stderr
+def test_resume_with_a_different_config_names_the_keys(uninterrupted, train_in_process):
+    code, stderr = train_in_process(*KILLABLE, "algo.lr=1e-3", f"run.resume={uninterrupted}")
+    assert code == 2, stderr
+    assert "the config differs from the checkpointed run's (algo.lr: 0.0025 -> 0.001)" in stderr
 
 
-def test_resume_from_missing_or_corrupt_checkpoints_fails_in_one_line(uninterrupted, run_cli, tmp_path):
-    done = run_cli(f"run.resume={tmp_path / 'nowhere'}")
-    assert done.returncode == 2 and "no config.yaml there" in done.stderr
+def test_resume_from_missing_or_corrupt_checkpoints_fails_in_one_line(uninterrupted, train_in_process, tmp_path):
+    code, stderr = train_in_process(f"run.resume={tmp_path / 'nowhere'}")
+    assert code == 2 and "no config.yaml there" in stderr
 
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "config.yaml").write_text((uninterrupted / "config.yaml").read_text())
-    done = run_cli(f"run.resume={broken}", "logger=none")
-    assert done.returncode == 2 and "no checkpoint directory" in done.stderr
+    code, stderr = train_in_process(f"run.resume={broken}", "logger=none")
+    assert code == 2 and "no checkpoint directory" in stderr
 
     (broken / "checkpoints" / "3").mkdir(parents=True)
     (broken / "checkpoints" / "3" / "state").mkdir()
     (broken / "checkpoints" / "3" / "state" / "garbage").write_bytes(b"\x00not a checkpoint")
-    done = run_cli(f"run.resume={broken}", "logger=none")
-    assert done.returncode == 2, done.stderr
-    assert "is unreadable" in done.stderr or "holds no complete checkpoint" in done.stderr
-    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    code, stderr = train_in_process(f"run.resume={broken}", "logger=none")
+    assert code == 2, stderr
+    assert "is unreadable" in stderr or "holds no complete checkpoint" in stderr
+    assert len(stderr.strip().splitlines()) == 1, stderr
 
 
 def test_multirun_with_the_parallel_launcher_then_report(tmp_path):

@@ -1028,6 +1028,12 @@ def cartpole_config(**overrides) -> Config:
     return Config(**overrides)
 
 
+# ``--small``: networks and batches a few times smaller, compiling in a fraction of the time; for a
+# quick check that the file runs where it was copied (they do not learn CartPole).
+SMALL = dict(deter_size=32, hidden_size=32, mlp_layers=1, num_latents=4, num_classes=4, batch_size=4, seq_len=8,
+             horizon=5, num_envs=2, num_steps=8, train_ratio=0.125, capacity_steps=64)
+
+
 def _cli():
     import argparse
     import os
@@ -1044,9 +1050,10 @@ def _cli():
     parser = argparse.ArgumentParser(description="Train Dreamer (actor-critic in imagination) on gymnax CartPole-v1.")
     parser.add_argument("--timesteps", type=int, default=Config().total_timesteps)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--small", action="store_true", help="tiny networks: checks that the file runs, does not learn")
     args = parser.parse_args()
     env = CartPole()
-    config = cartpole_config(total_timesteps=args.timesteps)
+    config = cartpole_config(total_timesteps=args.timesteps, **(SMALL if args.small else {}))
     validate(config)
     start = time.perf_counter()
     state, metrics = train(config, env, env.default_params, jax.random.PRNGKey(args.seed))
