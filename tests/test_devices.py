@@ -51,6 +51,7 @@ def test_four_devices_split_seeds_like_one_device_and_the_checkpoint_reloads_on_
     assert len(reloaded["points"][0]["per_seed"]) == 4
 
 
+@pytest.mark.slow  # ~40 s on a cold cache; the fast suite splits seeds over the same 4 devices (the test above)
 def test_four_devices_split_sweep_points_like_one_device(tmp_path):
     args = ["run.num_seeds=2", "sweep.algo.lr=[1e-3,2e-3,3e-3,4e-3]"]
     one = train(tmp_path / "one", *args, devices=1)
