@@ -76,6 +76,16 @@ def optimised():
         yield
 
 
+def with_run_defaults(args, run_dir, cache) -> list[str]:
+    """``rlx.train`` arguments plus a run directory and compile cache, unless ``args`` name their own."""
+    args = list(args)
+    if not any(a.startswith("hydra.run.dir=") for a in args):
+        args.append(f"hydra.run.dir={run_dir}")
+    if not any(a.startswith("run.compile_cache=") for a in args):
+        args.append(f"run.compile_cache={cache}")
+    return args
+
+
 @pytest.fixture
 def run_cli(tmp_path):
     """Run ``python -m rlx.train ARGS`` in a subprocess; returns the CompletedProcess.
@@ -85,11 +95,7 @@ def run_cli(tmp_path):
     import subprocess
 
     def run(*args, timeout=300, cache=str(TEST_CACHE), full_opt=False):
-        command = [sys.executable, "-m", "rlx.train", *args]
-        if not any(a.startswith("hydra.run.dir=") for a in args):  # the directory and cache as run_cli's
-            command.append(f"hydra.run.dir={tmp_path / 'run'}")
-        if not any(a.startswith("run.compile_cache=") for a in args):
-            command.append(f"run.compile_cache={cache}")
+        command = [sys.executable, "-m", "rlx.train", *with_run_defaults(args, tmp_path / "run", cache)]
         env = full_opt_env() if full_opt else None
         return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
 
@@ -107,11 +113,8 @@ def train_in_process(tmp_path, monkeypatch, capsys):
     import rlx.train
 
     def run(*args) -> tuple[int, str]:
-        argv = ["rlx.train", *args, "hydra/job_logging=none", "hydra/hydra_logging=none"]
-        if not any(a.startswith("hydra.run.dir=") for a in args):  # the directory and cache as run_cli's
-            argv.append(f"hydra.run.dir={tmp_path / 'run'}")
-        if not any(a.startswith("run.compile_cache=") for a in args):
-            argv.append(f"run.compile_cache={TEST_CACHE}")
+        argv = ["rlx.train", *with_run_defaults(args, tmp_path / "run", TEST_CACHE),
+                "hydra/job_logging=none", "hydra/hydra_logging=none"]
         monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
         monkeypatch.setattr(sys, "argv", argv)
         capsys.readouterr()
