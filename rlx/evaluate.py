@@ -40,14 +40,19 @@ def evaluate_run(run_dir: Path, episodes: int, greedy: bool, seed: int) -> dict:
 
     run = components.load_trained(run_dir, eval_episodes=episodes, eval_greedy=greedy)
     keys = jax.random.split(jax.random.PRNGKey(seed), run.parts.settings.num_seeds)
-    returns = run.programs.evaluation(run.state, keys)  # [point, seed, episode]
+    returns, outcomes = run.programs.evaluation(run.state, keys)  # each [point, seed, episode]
     grid = run.parts.grid
     points = []
     for index in range(grid.size):
         per_seed = [{"mean": float(r.mean()), "std": float(r.std())} for r in returns[index]]
-        points.append({"point": grid.points[index], "per_seed": per_seed,
-                       "mean_over_seeds": float(returns[index].mean(axis=1).mean()),
-                       "std_over_seeds": float(returns[index].mean(axis=1).std())})
+        point = {"point": grid.points[index], "per_seed": per_seed,
+                 "mean_over_seeds": float(returns[index].mean(axis=1).mean()),
+                 "std_over_seeds": float(returns[index].mean(axis=1).std())}
+        for name, values in outcomes.items():  # e.g. SMAX's win rate, "won_mean_over_seeds"
+            for seed_figures, share in zip(per_seed, values[index].mean(axis=1)):
+                seed_figures[name] = float(share)
+            point[f"{name}_mean_over_seeds"] = float(values[index].mean())
+        points.append(point)
     best = max(range(grid.size), key=lambda i: points[i]["mean_over_seeds"])
     return {"run_dir": str(run_dir), "env": run.parts.env_name, "updates": run.progress["updates_done"],
             "episodes_per_seed": episodes, "greedy": greedy, "seed": seed, "points": points, "best_point": best,

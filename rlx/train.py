@@ -167,8 +167,10 @@ def execute(cfg, run_dir: Path, hydra_seconds: float) -> dict:
         logger.finish(summary, [run_dir / "learning_curve.png"])
     if settings.progress:
         final = summary["final_eval"]
+        outcomes = "".join(f", {name.removesuffix('_mean')} {share:.0%}" for name, share in final.items()
+                           if name.endswith("_mean") and name != "return_mean")  # e.g. ", won 85%"
         print(
-            f"{title}: eval return {final['return_mean']:.1f} ± {final['return_std']:.1f} over "
+            f"{title}: eval return {final['return_mean']:.1f} ± {final['return_std']:.1f}{outcomes} over "
             f"{settings.num_seeds} seeds after {summary['env_steps_per_seed']:,} steps per seed "
             f"(import {import_seconds:.1f}s, compile {summary['compile_seconds']:.1f}s, "
             f"run {summary['run_seconds']:.1f}s) -> {run_dir}",

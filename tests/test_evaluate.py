@@ -49,7 +49,7 @@ def test_policy_in_gymnasium_matches_gymnax_evaluation(trained):
     import jax
 
     run = components.load_trained(trained, eval_episodes=64)
-    gymnax_returns = run.programs.evaluation(run.state, jax.random.split(jax.random.PRNGKey(7), 2))[0, 0]
+    gymnax_returns = run.programs.evaluation(run.state, jax.random.split(jax.random.PRNGKey(7), 2)).returns[0, 0]
     gym_returns = gymnasium_returns(GymnasiumPolicy(trained, seed=0), "CartPole-v1", episodes=64, seed=100)
     noise = 3 * np.sqrt(gymnax_returns.var() / 64 + gym_returns.var() / 64) + 5.0
     assert abs(gym_returns.mean() - gymnax_returns.mean()) <= noise, (gym_returns.mean(), gymnax_returns.mean())

@@ -184,6 +184,7 @@ def test_smax_win_is_termination():
     np.testing.assert_array_equal(out["obs"][0], out["reset_obs"][0])
     assert out["reward"][0].min() >= 1.0  # JaxMARL's won-battle bonus
     assert not out["won"][1].any()
+    assert env.episode_outcomes == ("won",)  # so evaluation reports a win rate
 
 
 @pytest.mark.parametrize("name", ["3m", "2s3z"])
@@ -200,8 +201,9 @@ def test_smax_action_masks_match_get_avail_actions(name):
 
 
 def test_mpe_masks_allow_everything():
-    _, _, out = run("MPE_simple_spread_v3")
+    env, _, out = run("MPE_simple_spread_v3")
     assert out["mask"].all() and out["alive"].all()
+    assert env.episode_outcomes == ()  # no battle to win
 
 
 def test_unknown_name_lists_the_valid_ones():

@@ -523,3 +523,7 @@ def test_jaxmarl_presets_run_with_a_tiny_budget(run_cli, tmp_path, preset):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["env_steps_per_seed"] == 1024
     assert np.isfinite(summary["final_eval"]["return_mean"])
+    if "smax" in preset:  # the win rate: a share of the evaluation episodes, per seed and in every record
+        assert 0.0 <= summary["final_eval"]["won_mean"] <= 1.0 and len(summary["final_eval"]["won_per_seed"]) == 1
+        records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+        assert all("eval_won" in r for r in records if "eval_return" in r)

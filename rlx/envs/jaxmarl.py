@@ -26,7 +26,8 @@ Per family:
   against). ``terminated[i]`` is "ally ``i`` is dead, or the battle is decided (all allies or
   all enemies dead)"; the time limit (default 100) is ``truncated`` unless the battle was
   decided on that step. ``info["won"]``: every enemy dead and some ally alive (a draw, both
-  teams wiped out on the same step, is not a win). ``action_mask`` is JaxMARL's
+  teams wiped out on the same step, is not a win); it is the environment's ``episode_outcomes``, so
+  evaluation reports a win rate (``eval_won`` in ``metrics.jsonl``, ``won_mean`` in ``summary.json``). ``action_mask`` is JaxMARL's
   ``get_avail_actions`` (dead units may only stop), ``alive`` the allies' ``unit_alive``,
   ``world_state`` JaxMARL's ``get_world_state`` (every unit's features, teams and types).
 
@@ -127,6 +128,8 @@ class JaxMARLEnv(MultiAgentEnv):
         modules = [cls.__module__ for cls in type(env).__mro__]
         families = {m.split(".")[2] for m in modules if m.startswith("jaxmarl.environments.")}
         self.family = "mpe" if "mpe" in families else "smax" if "smax" in families else "other"
+        # evaluation reports the share of episodes that ended with info["won"] (a win rate)
+        self.episode_outcomes = ("won",) if self.family == "smax" else ()
         first_obs, first_action = env.observation_space(self.agents[0]), env.action_space(self.agents[0])
         for agent in self.agents[1:]:
             if not (_same_space(env.observation_space(agent), first_obs)

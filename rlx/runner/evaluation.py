@@ -28,6 +28,15 @@ def is_multi_agent(env) -> bool:
     return isinstance(env, MultiAgentEnv) or hasattr(env, "num_agents")
 
 
+def episode_outcomes(env) -> tuple[str, ...]:
+    """Names of the boolean ``info`` entries that say how an episode ended (SMAX: ``("won",)``).
+
+    An environment lists them in ``episode_outcomes``; evaluation reports, per
+    episode, each entry's value on the episode's last step (a win rate for ``won``).
+    """
+    return tuple(getattr(env, "episode_outcomes", ()))
+
+
 def evaluate(agent, env, env_params, policy, key, num_episodes: int, greedy: bool, num_steps: int | None = None):
     """Undiscounted returns of ``num_episodes`` parallel episodes, shape ``[num_episodes]``.
 
@@ -36,32 +45,58 @@ def evaluate(agent, env, env_params, policy, key, num_episodes: int, greedy: boo
     episodes are never counted. A recurrent agent's memory starts empty.
     Multi-agent environments get ``evaluate_multi_agent`` (team returns).
     """
+    return evaluate_episodes(agent, env, env_params, policy, key, num_episodes, greedy, num_steps)[0]
+
+
+def evaluate_episodes(agent, env, env_params, policy, key, num_episodes: int, greedy: bool,
+                      num_steps: int | None = None):
+    """``(returns [num_episodes], {outcome: float [num_episodes]})``: ``evaluate`` plus ``episode_outcomes``.
+
+    An outcome is 1.0 for an episode whose last counted step set it, else 0.0
+    (also for an episode still running when the evaluation stops).
+    """
     if is_multi_agent(env):
-        return evaluate_multi_agent(agent, env, env_params, policy, key, num_episodes, greedy, num_steps)
+        return _evaluate_multi_agent(agent, env, env_params, policy, key, num_episodes, greedy, num_steps)
     act, init_memory = stateful_act(agent)
     reset_key, key = jax.random.split(key)
     obs, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(reset_key, num_episodes), env_params)
+    names = episode_outcomes(env)
 
     def step(carry, _):
-        obs, state, memory, reset, returns, running, key = carry
+        obs, state, memory, reset, returns, outcomes, running, key = carry
         key, act_key, step_key = jax.random.split(key, 3)
         memory, action = act(policy, memory, obs, reset, act_key, greedy)
-        obs, state, reward, terminated, truncated, _ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
+        obs, state, reward, terminated, truncated, info = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
             jax.random.split(step_key, num_episodes), state, action, env_params
         )
         done = jnp.logical_or(terminated, truncated)
         returns = returns + reward * running
+        outcomes = _record_outcomes(outcomes, info, running * done)
         running = running * (1.0 - done)
-        return (obs, state, memory, done, returns, running, key), None
+        return (obs, state, memory, done, returns, outcomes, running, key), None
 
     starts = jnp.ones(num_episodes, bool)  # every first observation starts an episode
-    carry = (obs, state, init_memory(num_episodes), starts, jnp.zeros(num_episodes), jnp.ones(num_episodes), key)
-    (*_, returns, _, _), _ = jax.lax.scan(step, carry, None, num_steps or int(env_params.max_steps_in_episode))
-    return returns
+    zeros = jnp.zeros(num_episodes)
+    carry = (obs, state, init_memory(num_episodes), starts, zeros, {n: zeros for n in names}, jnp.ones(num_episodes),
+             key)
+    (*_, returns, outcomes, _, _), _ = jax.lax.scan(step, carry, None,
+                                                     num_steps or int(env_params.max_steps_in_episode))
+    return returns, outcomes
+
+
+def _record_outcomes(outcomes: dict, info: dict, ended: jax.Array) -> dict:
+    """Adds each outcome's ``info`` flag where a counted episode ends on this step (``ended`` is 0 or 1)."""
+    return {name: total + info[name].astype(jnp.float32) * ended for name, total in outcomes.items()}
 
 
 def evaluate_multi_agent(agent, env, env_params, policy, key, num_episodes: int, greedy: bool,
                          num_steps: int | None = None):
+    """Team returns of ``num_episodes`` parallel episodes, shape ``[num_episodes]``; see ``_evaluate_multi_agent``."""
+    return _evaluate_multi_agent(agent, env, env_params, policy, key, num_episodes, greedy, num_steps)[0]
+
+
+def _evaluate_multi_agent(agent, env, env_params, policy, key, num_episodes: int, greedy: bool,
+                          num_steps: int | None = None):
     """Team returns of ``num_episodes`` parallel episodes of a multi-agent environment, shape ``[num_episodes]``.
 
     The team return is the mean over agents of each agent's summed rewards,
@@ -70,15 +105,17 @@ def evaluate_multi_agent(agent, env, env_params, policy, key, num_episodes: int,
     ``env.action_mask``: the agent is called as ``act(policy, obs, key, greedy,
     mask)``, or ``act(policy, carry, obs, reset, key, greedy, mask) -> (carry,
     action)`` when it has ``init_carry`` (a recurrent agent; memory starts empty).
+    Returns ``(returns, outcomes)`` as ``evaluate_episodes`` does.
     """
     recurrent = hasattr(agent, "init_carry")
     has_mask = hasattr(env, "action_mask")
     batched = lambda fn: jax.vmap(fn, in_axes=(0, None))  # noqa: E731
     reset_key, key = jax.random.split(key)
     obs, state = batched(env.reset)(jax.random.split(reset_key, num_episodes), env_params)
+    names = episode_outcomes(env)
 
     def step(carry, _):
-        obs, state, memory, reset, returns, running, key = carry
+        obs, state, memory, reset, returns, outcomes, running, key = carry
         key, act_key, step_key = jax.random.split(key, 3)
         mask = batched(env.action_mask)(state, env_params) if has_mask else None
         if recurrent:
@@ -93,11 +130,14 @@ def evaluate_multi_agent(agent, env, env_params, policy, key, num_episodes: int,
         else:
             over = jnp.logical_or(jnp.all(terminated, -1), truncated[..., 0])
         returns = returns + reward.mean(-1) * running
+        outcomes = _record_outcomes(outcomes, info, running * over)
         running = running * (1.0 - over)
-        return (obs, state, memory, over, returns, running, key), None
+        return (obs, state, memory, over, returns, outcomes, running, key), None
 
     memory = agent.init_carry(num_episodes) if recurrent else ()
     starts = jnp.ones(num_episodes, bool)
-    carry = (obs, state, memory, starts, jnp.zeros(num_episodes), jnp.ones(num_episodes), key)
-    (*_, returns, _, _), _ = jax.lax.scan(step, carry, None, num_steps or int(env_params.max_steps_in_episode))
-    return returns
+    zeros = jnp.zeros(num_episodes)
+    carry = (obs, state, memory, starts, zeros, {n: zeros for n in names}, jnp.ones(num_episodes), key)
+    (*_, returns, outcomes, _, _), _ = jax.lax.scan(step, carry, None,
+                                                     num_steps or int(env_params.max_steps_in_episode))
+    return returns, outcomes

@@ -14,6 +14,7 @@ import warnings
 from functools import partial
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +23,7 @@ import numpy as np
 from rlx.errors import ConfigError
 from rlx.runner import artifacts, checkpoints, devices
 from rlx.runner.console import ProgressView
-from rlx.runner.evaluation import evaluate
+from rlx.runner.evaluation import evaluate_episodes
 
 
 class NonFiniteError(RuntimeError):
@@ -141,7 +142,7 @@ class Programs:
             return jax.lax.map(lambda ck: self._agent(ck[0]).init(ck[1]), (config, keys))
 
         def run_evaluation(config, policy, keys, config_axis):
-            return jax.vmap(lambda c, p, k: evaluate(
+            return jax.vmap(lambda c, p, k: evaluate_episodes(
                 self._agent(c), env, env_params, p, k, settings.eval_episodes, settings.eval_greedy),
                 in_axes=(config_axis, 0, 0))(config, policy, keys)
 
@@ -298,10 +299,19 @@ class Programs:
         metrics = jax.device_get(metrics)
         return state, metrics if self.swept else {name: v[:, None] for name, v in metrics.items()}
 
-    def evaluation(self, state, keys) -> np.ndarray:
-        """Evaluation returns, ``[grid point, seed, episode]``."""
-        returns = jax.device_get(self.evaluate(self.config, state.policy, keys))
-        return returns if self.swept else returns[None]
+    def evaluation(self, state, keys) -> Evaluation:
+        """Evaluation returns and episode outcomes, each ``[grid point, seed, episode]``."""
+        result = jax.device_get(self.evaluate(self.config, state.policy, keys))
+        returns, outcomes = result if self.swept else jax.tree.map(lambda x: x[None], result)
+        return Evaluation(returns, outcomes)
+
+
+class Evaluation(NamedTuple):
+    """One evaluation of every run: returns ``[grid point, seed, episode]`` and, keyed by the
+    environment's ``episode_outcomes`` (e.g. ``won``), 1.0 or 0.0 per episode of the same shape."""
+
+    returns: np.ndarray
+    outcomes: dict
 
 
 def default_chunk_updates(num_updates: int, target_chunks: int = 20) -> int:
@@ -350,21 +360,31 @@ def chunk_record(chunk, update, env_steps, metrics, start_time, swept: bool) -> 
     return record
 
 
-def final_evaluation(returns: np.ndarray, settings: RunSettings) -> dict:
-    """Summary figures of one grid point's ``[seed, episode]`` evaluation returns."""
+def final_evaluation(returns: np.ndarray, settings: RunSettings, outcomes: dict | None = None) -> dict:
+    """Summary figures of one grid point's ``[seed, episode]`` evaluation returns and outcomes.
+
+    Each outcome (``won``: a win rate) gets its share of episodes per seed and the mean over seeds.
+    """
     per_seed = returns.mean(axis=1)
-    return {
+    figures = {
         "return_per_seed": [float(r) for r in per_seed],
         "return_mean": float(per_seed.mean()),
         "return_std": float(per_seed.std()),
         "episodes_per_seed": settings.eval_episodes,
         "greedy": settings.eval_greedy,
     }
+    for name, values in (outcomes or {}).items():
+        share = values.mean(axis=1)
+        figures[f"{name}_per_seed"] = [float(v) for v in share]
+        figures[f"{name}_mean"] = float(share.mean())
+    return figures
 
 
-def sweep_summary(grid, returns: np.ndarray, settings: RunSettings) -> dict:
+def sweep_summary(grid, returns: np.ndarray, settings: RunSettings, outcomes: dict | None = None) -> dict:
     """Per-point final figures and the best point by final mean return."""
-    points = [{"point": point, **final_evaluation(r, settings)} for point, r in zip(grid.points, returns)]
+    outcomes = outcomes or {}
+    points = [{"point": point, **final_evaluation(r, settings, {n: v[i] for n, v in outcomes.items()})}
+              for i, (point, r) in enumerate(zip(grid.points, returns))]
     best = max(range(len(points)), key=lambda i: points[i]["return_mean"])
     return {"fields": list(grid.fields), "points": points,
             "best": {"index": best, "point": grid.points[best], "return_mean": points[best]["return_mean"]}}
@@ -403,7 +423,7 @@ def run_training(agent_module, grid, env, env_params, settings: RunSettings, run
     view = ProgressView(title, num_updates * steps_per_update * runs, settings.progress)
     metrics_path = run_dir / "metrics.jsonl"
     records: list[dict] = []
-    status, final_eval, checkpointer, writer = "completed", None, None, None
+    status, final_eval, final_outcomes, checkpointer, writer = "completed", None, {}, None, None
     try:
         layout = devices.plan(settings.num_seeds, grid.size, grid.swept)
         if jax.device_count() > 1:
@@ -440,9 +460,11 @@ def run_training(agent_module, grid, env, env_params, settings: RunSettings, run
             if (chunk + 1) % settings.eval_every_chunks == 0 or last:
                 tick = time.perf_counter()
                 keys = programs.eval_keys(eval_root, progress.updates_done)
-                final_eval = programs.evaluation(state, keys)
+                final_eval, final_outcomes = programs.evaluation(state, keys)
                 run_seconds += time.perf_counter() - tick
                 record["eval_return"] = nested(final_eval.mean(axis=2), grid.swept)
+                for name, values in final_outcomes.items():
+                    record[f"eval_{name}"] = nested(values.mean(axis=2), grid.swept)
                 record["time"] = time.time()
             record["steps_per_second"] = steps_this_process / max(run_seconds, 1e-9)
             writer.write(record)
@@ -475,10 +497,10 @@ def run_training(agent_module, grid, env, env_params, settings: RunSettings, run
             artifacts.plot_learning_curve(records, run_dir / "learning_curve.png", title, labels)
 
     if final_eval is None:  # resumed from a checkpoint of a finished run
-        final_eval = programs.evaluation(state, programs.eval_keys(eval_root, progress.updates_done))
+        final_eval, final_outcomes = programs.evaluation(state, programs.eval_keys(eval_root, progress.updates_done))
     result = {
         "status": status,
-        "final_eval": final_evaluation(final_eval[0], settings),
+        "final_eval": final_evaluation(final_eval[0], settings, {n: v[0] for n, v in final_outcomes.items()}),
         "updates": progress.updates_done,
         "env_steps_per_seed": progress.updates_done * steps_per_update,
         "env_steps_total": progress.updates_done * steps_per_update * runs,
@@ -491,6 +513,6 @@ def run_training(agent_module, grid, env, env_params, settings: RunSettings, run
         "state": state,
     }
     if grid.swept:
-        result["sweep"] = sweep_summary(grid, final_eval, settings)
+        result["sweep"] = sweep_summary(grid, final_eval, settings, final_outcomes)
         result["final_eval"] = result["sweep"]["points"][result["sweep"]["best"]["index"]]
     return result
