@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{result['env']} {label}".strip() + f": {point['mean_over_seeds']:.1f} ± "
                   f"{point['std_over_seeds']:.1f} over seeds")
             for seed, figures in enumerate(point["per_seed"]):
-                print(f"  seed {seed}: {figures['mean']:.1f} ± {figures['std']:.1f} over {options['episodes']} episodes")
+                outcomes = "".join(f", {name} {share:.0%}" for name, share in figures.items() if name not in ("mean", "std"))
+                print(f"  seed {seed}: {figures['mean']:.1f} ± {figures['std']:.1f}{outcomes} over {options['episodes']} episodes")
         out = options["run_dir"] / "evaluation.json"
         out.write_text(json.dumps(result, indent=2) + "\n")
         if options["gymnasium"]:

@@ -31,10 +31,12 @@ class Experiment:
 
     title: str
     presets: dict[str, str]  # row label -> +exp preset
-    baselines: Callable[[int, int], dict[str, np.ndarray]]  # (episodes, seed) -> label -> per-seed returns
-    score: Callable[[dict[str, float]], dict[str, str]]  # label -> mean return -> label -> score text
-    claim: Callable[[dict[str, float]], list[str]]  # mean returns -> target lines
+    # (episodes, seeds) -> label -> {"return": per-seed returns, and the outcome's per-seed shares}
+    baselines: Callable[[int, int], dict[str, dict[str, np.ndarray]]]
+    claim: Callable[[dict[str, dict[str, float]]], list[str]]  # label -> means -> target lines
     quick_overrides: tuple[str, ...]
+    score: Callable[[dict[str, dict[str, float]]], dict[str, str]] | None = None  # label -> means -> score text
+    outcome: tuple[str, str] | None = None  # (episode outcome, column title): SMAX's ("won", "win rate")
 
 
 # --------------------------------------------------------------------------- mappo_mpe
@@ -59,26 +61,58 @@ def mpe_spread_baselines(episodes: int, seeds: int) -> dict[str, np.ndarray]:
         evaluate = jax.jit(lambda key, policy=policy: evaluate_multi_agent(
             policy, env, params, None, key, episodes, greedy=True))
         keys = jax.random.split(jax.random.PRNGKey(1234), seeds)
-        results[label] = np.array([float(evaluate(k).mean()) for k in keys])
+        results[label] = {"return": np.array([float(evaluate(k).mean()) for k in keys])}
     return results
 
 
-def spread_scores(means: dict[str, float]) -> dict[str, str]:
+def spread_scores(means: dict[str, dict[str, float]]) -> dict[str, str]:
     """Each return as a fraction of the way from the random policy to the scripted reference."""
-    random_return = means["random policy"]
-    scripted = means["scripted (optimal assignment, steer to landmark)"]
-    return {label: f"{(m - random_return) / (scripted - random_return):.2f}" for label, m in means.items()}
+    random_return = means["random policy"]["return"]
+    scripted = means["scripted (optimal assignment, steer to landmark)"]["return"]
+    return {label: f"{(m['return'] - random_return) / (scripted - random_return):.2f}" for label, m in means.items()}
 
 
-def spread_claim(means: dict[str, float]) -> list[str]:
+def spread_claim(means: dict[str, dict[str, float]]) -> list[str]:
     score = {k: float(v) for k, v in spread_scores(means).items()}
-    mappo, ippo = means["MAPPO"], means["IPPO"]
+    mappo, ippo = means["MAPPO"]["return"], means["IPPO"]["return"]
     return [
         f"- MAPPO reaches >= 0.90 of the scripted reference (from random): "
         f"{'HOLDS' if score['MAPPO'] >= 0.9 else 'DOES NOT HOLD'} ({score['MAPPO']:.2f})",
         f"- MAPPO beats IPPO at equal env steps: {'HOLDS' if mappo > ippo else 'DOES NOT HOLD'} "
         f"(MAPPO {mappo:.2f}, IPPO {ippo:.2f})",
     ]
+
+
+# --------------------------------------------------------------------------- smax_3m
+
+SMAX_HEURISTIC = "JaxMARL's heuristic team (the enemy's own script)"
+
+
+def smax_baselines(episodes: int, seeds: int) -> dict[str, dict[str, np.ndarray]]:
+    """Per-seed team returns and win rates of a random and the heuristic team on smax_3m (sampled actions)."""
+    import jax
+
+    from rlx.baselines.multi_agent import random_policy, smax_heuristic_policy
+    from rlx.envs import registry
+    from rlx.runner.evaluation import evaluate_episodes
+
+    env, params = registry.make("smax_3m")
+    policies = {"random policy": random_policy(int(env.action_space(params).n)),
+                SMAX_HEURISTIC: smax_heuristic_policy(env)}
+    results = {}
+    for label, policy in policies.items():
+        evaluate = jax.jit(lambda key, policy=policy: evaluate_episodes(
+            policy, env, params, None, key, episodes, greedy=False))
+        per_seed = [evaluate(k) for k in jax.random.split(jax.random.PRNGKey(1234), seeds)]
+        results[label] = {"return": np.array([float(r.mean()) for r, _ in per_seed]),
+                          "won": np.array([float(o["won"].mean()) for _, o in per_seed])}
+    return results
+
+
+def smax_claim(means: dict[str, dict[str, float]]) -> list[str]:
+    mappo, heuristic = means["MAPPO"]["won"], means[SMAX_HEURISTIC]["won"]
+    return [f"- MAPPO wins at least as often as the heuristic team against its mirror image: "
+            f"{'HOLDS' if mappo >= heuristic else 'DOES NOT HOLD'} (MAPPO {mappo:.0%}, heuristic {heuristic:.0%})"]
 
 
 EXPERIMENTS = {
@@ -89,6 +123,14 @@ EXPERIMENTS = {
         score=spread_scores,
         claim=spread_claim,
         quick_overrides=("algo.total_timesteps=8192", "algo.num_envs=16", "algo.num_steps=32", "run.eval_episodes=8"),
+    ),
+    "smax_3m": Experiment(
+        title="SMAX 3m (3 marines against JaxMARL's heuristic marines): MAPPO's win rate on a CPU budget",
+        presets={"MAPPO": "mappo_smax_3m_cpu"},
+        baselines=smax_baselines,
+        claim=smax_claim,
+        quick_overrides=("algo.total_timesteps=8192", "algo.num_envs=16", "algo.num_steps=32", "run.eval_episodes=8"),
+        outcome=("won", "win rate"),
     ),
 }
 
@@ -106,17 +148,25 @@ def train_preset(preset: str, run_dir: Path, seeds: int, overrides: tuple[str, .
 
 
 def render(name: str, experiment: Experiment, rows: dict[str, dict], command: str, quick: bool) -> str:
-    means = {label: row["mean"] for label, row in rows.items()}
-    scores = experiment.score(means)
+    """The results table: one row per method (label -> per-seed arrays under "return" and the outcome)."""
+    means = {label: {key: float(np.mean(v)) for key, v in row["per_seed"].items()} for label, row in rows.items()}
+    scores = experiment.score(means) if experiment.score else None
+    outcome, outcome_title = experiment.outcome or (None, None)
     lines = [f"# {experiment.title}", ""]
     if quick:
         lines += ["QUICK smoke test (tiny budgets): these numbers mean nothing.", ""]
+    titles = ["method", "env steps per seed", "seeds", "final return (mean ± std over seeds)"]
+    titles += [f"{outcome_title} (mean ± std over seeds)"] * bool(outcome) + ["score"] * bool(scores)
     lines += [f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `{command}`.", "",
-              "| method | env steps per seed | seeds | final return (mean ± std over seeds) | score |",
-              "|---|---:|---:|---:|---:|"]
+              "| " + " | ".join(titles) + " |", "|---|" + "---:|" * (len(titles) - 1)]
     for label, row in rows.items():
         steps = f"{row['env_steps']:,}" if row.get("env_steps") else "—"
-        lines.append(f"| {label} | {steps} | {row['seeds']} | {row['mean']:.2f} ± {row['std']:.2f} | {scores[label]} |")
+        returns = row["per_seed"]["return"]
+        cells = [label, steps, str(len(returns)), f"{returns.mean():.2f} ± {returns.std():.2f}"]
+        if outcome:
+            shares = row["per_seed"][outcome]
+            cells.append(f"{shares.mean():.0%} ± {shares.std():.0%}")
+        lines.append("| " + " | ".join(cells + ([scores[label]] if scores else [])) + " |")
     lines += ["", "Targets:", "", *experiment.claim(means), ""]
     return "\n".join(lines)
 
@@ -148,12 +198,15 @@ def reproduce(name: str, seeds: int, quick: bool, skip_training: bool = False) -
     for label, preset in experiment.presets.items():
         run_dirs.append(out / "runs" / f"{preset}{'_quick' if quick else ''}" / stamp)
         summary = train_preset(preset, run_dirs[-1], seeds, overrides)
-        per_seed = np.array(summary["final_eval"]["return_per_seed"])
-        rows[label] = {"mean": per_seed.mean(), "std": per_seed.std(), "seeds": len(per_seed),
-                       "env_steps": summary["env_steps_per_seed"], "episodes": summary["final_eval"]["episodes_per_seed"]}
+        final = summary["final_eval"]
+        per_seed = {"return": np.array(final["return_per_seed"])}
+        if experiment.outcome:
+            per_seed[experiment.outcome[0]] = np.array(final[f"{experiment.outcome[0]}_per_seed"])
+        rows[label] = {"per_seed": per_seed, "env_steps": summary["env_steps_per_seed"],
+                       "episodes": final["episodes_per_seed"]}
     episodes = next(iter(rows.values()))["episodes"]
     for label, per_seed in experiment.baselines(episodes, seeds).items():
-        rows[label] = {"mean": per_seed.mean(), "std": per_seed.std(), "seeds": len(per_seed), "env_steps": None}
+        rows[label] = {"per_seed": per_seed, "env_steps": None}
     command = f"python -m rlx.reproduce {name} --seeds {seeds}" + (" --quick" if quick else "")
     results = out / ("results_quick.md" if quick else "results.md")
     results.write_text(render(name, experiment, rows, command, quick))

@@ -78,9 +78,35 @@ def test_scripted_spread_beats_random_on_jaxmarl_mpe():
     from rlx.reproduce import mpe_spread_baselines
 
     results = mpe_spread_baselines(episodes=32, seeds=2)
-    random_return = results["random policy"].mean()
-    scripted = results["scripted (optimal assignment, steer to landmark)"].mean()
+    random_return = results["random policy"]["return"].mean()
+    scripted = results["scripted (optimal assignment, steer to landmark)"]["return"].mean()
     assert scripted > random_return + 10, (scripted, random_return)
+
+
+@needs_jaxmarl
+def test_smax_heuristic_team_wins_against_its_mirror_and_random_does_not():
+    """JaxMARL's script on both sides: about half the battles each way; random allies almost never win."""
+    from rlx.reproduce import SMAX_HEURISTIC, smax_baselines
+
+    results = smax_baselines(episodes=64, seeds=2)
+    heuristic, random_team = results[SMAX_HEURISTIC], results["random policy"]
+    assert 0.25 <= heuristic["won"].mean() <= 0.75, heuristic
+    assert random_team["won"].mean() <= 0.05 and heuristic["return"].mean() > random_team["return"].mean() + 0.5
+
+
+def test_results_table_adds_the_outcome_column_and_drops_a_missing_score():
+    from rlx.reproduce import EXPERIMENTS, SMAX_HEURISTIC, render
+
+    rows = {"MAPPO": {"per_seed": {"return": np.array([1.0, 2.0]), "won": np.array([0.5, 1.0])}, "env_steps": 4096},
+            "random policy": {"per_seed": {"return": np.array([0.0, 0.5]), "won": np.array([0.0, 0.0])},
+                              "env_steps": None},
+            SMAX_HEURISTIC: {"per_seed": {"return": np.array([1.5, 1.5]), "won": np.array([0.5, 0.5])}, "env_steps": None}}
+    table = render("smax_3m", EXPERIMENTS["smax_3m"], rows, "python -m rlx.reproduce smax_3m", quick=False)
+    assert "| method | env steps per seed | seeds | final return (mean ± std over seeds) | win rate (mean ± std " \
+           "over seeds) |\n|---|---:|---:|---:|---:|" in table
+    assert "| MAPPO | 4,096 | 2 | 1.50 ± 0.50 | 75% ± 25% |" in table
+    assert "| random policy | — | 2 | 0.25 ± 0.25 | 0% ± 0% |" in table
+    assert "HOLDS (MAPPO 75%, heuristic 50%)" in table
 
 
 def test_reproduce_unknown_experiment_lists_valid(capsys):

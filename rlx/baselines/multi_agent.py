@@ -1,8 +1,9 @@
-"""Reference policies for multi-agent environments: uniform random, and a scripted MPE spread team.
+"""Reference policies for multi-agent environments: uniform random, a scripted MPE spread team, SMAX's heuristic.
 
-Both follow the multi-agent agent interface that ``rlx.runner.evaluation.evaluate_multi_agent``
+All follow the multi-agent agent interface that ``rlx.runner.evaluation.evaluate_multi_agent``
 calls, ``act(policy, obs, key, greedy, mask) -> actions`` on ``[batch, n_agents, obs_dim]``
-observations, so their returns are measured by the same code as a trained MAPPO policy's.
+observations (the SMAX heuristic, which keeps memory, the recurrent form with ``init_carry``),
+so their returns are measured by the same code as a trained MAPPO policy's.
 """
 
 from __future__ import annotations
@@ -82,3 +83,41 @@ def spread_scripted_policy(num_agents: int, num_landmarks: int, dt: float = 0.1,
         return jax.vmap(team_actions)(flat).reshape(obs.shape[:-1])
 
     return ReferencePolicy(act)
+
+
+class StatefulReferencePolicy(NamedTuple):
+    """A parameter-free policy with memory, called like a recurrent rlx agent by ``evaluate_multi_agent``."""
+
+    act: callable  # (policy, memory, obs, reset, key, greedy, mask) -> (memory, actions)
+    init_carry: callable  # batch size -> memory [batch, n_agents, ...]
+
+
+def smax_heuristic_policy(env) -> StatefulReferencePolicy:
+    """JaxMARL's scripted SMAX micro-management, playing the allies of an rlx SMAX adapter.
+
+    The same heuristic that drives the enemy team (``HeuristicEnemySMAX``): shoot the closest
+    enemy in range, else advance towards the enemy's half or a visible enemy. Against its mirror
+    image it is the natural scripted reference for a learned team's win rate. Each ally keeps
+    the heuristic's small state (its current target), reset at episode starts.
+    """
+    from jaxmarl.environments.smax.heuristic_enemy import (
+        create_heuristic_policy,
+        get_heuristic_policy_initial_state,
+    )
+
+    heuristic = jax.vmap(jax.vmap(create_heuristic_policy(env.env._env, team=0)))  # over episodes, then allies
+    num_agents = env.num_agents
+
+    def init_carry(batch: int):
+        start = get_heuristic_policy_initial_state()
+        return jax.tree.map(lambda x: jnp.broadcast_to(jnp.asarray(x), (batch, num_agents) + jnp.shape(x)), start)
+
+    def act(policy, memory, obs, reset, key, greedy=False, mask=None):
+        fresh = init_carry(obs.shape[0])
+        memory = jax.tree.map(lambda f, m: jnp.where(reset.reshape(reset.shape + (1,) * (m.ndim - 1)), f, m),
+                              fresh, memory)
+        keys = jax.random.split(key, obs.shape[0] * num_agents).reshape(obs.shape[0], num_agents, -1)
+        actions, memory = heuristic(keys, memory, obs)
+        return memory, actions
+
+    return StatefulReferencePolicy(act, init_carry)
