@@ -37,6 +37,7 @@ class Experiment:
     quick_overrides: tuple[str, ...]
     score: Callable[[dict[str, dict[str, float]]], dict[str, str]] | None = None  # label -> means -> score text
     outcome: tuple[str, str] | None = None  # (episode outcome, column title): SMAX's ("won", "win rate")
+    seeds: int = 5  # without --seeds; an even count splits over a 2-core CPU's two devices
 
 
 # --------------------------------------------------------------------------- mappo_mpe
@@ -131,6 +132,7 @@ EXPERIMENTS = {
         claim=smax_claim,
         quick_overrides=("algo.total_timesteps=8192", "algo.num_envs=16", "algo.num_steps=32", "run.eval_episodes=8"),
         outcome=("won", "win rate"),
+        seeds=4,
     ),
 }
 
@@ -182,7 +184,8 @@ CUSTOM = {"mapf_random": "rlx.envs.mapf.study", "mm_quoting": "rlx.envs.market.q
           "imagination_model_error": "rlx.imagination.model_error"}
 
 
-def reproduce(name: str, seeds: int, quick: bool, skip_training: bool = False) -> Path:
+def reproduce(name: str, seeds: int | None, quick: bool, skip_training: bool = False) -> Path:
+    """Train, evaluate and write one experiment's table; ``seeds`` None: the experiment's own count."""
     if name in CUSTOM:
         import importlib
 
@@ -191,6 +194,7 @@ def reproduce(name: str, seeds: int, quick: bool, skip_training: bool = False) -
     if name not in EXPERIMENTS:
         raise UnknownNameError("experiment", name, sorted({**EXPERIMENTS, **CUSTOM}))
     experiment = EXPERIMENTS[name]
+    seeds = seeds or experiment.seeds
     out = ROOT / "experiments" / name
     overrides = experiment.quick_overrides if quick else ()
     rows, run_dirs = {}, []
@@ -219,7 +223,7 @@ def reproduce(name: str, seeds: int, quick: bool, skip_training: bool = False) -
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m rlx.reproduce", description=__doc__.splitlines()[0])
     parser.add_argument("name", help=f"one of {sorted({**EXPERIMENTS, **CUSTOM})}")
-    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--seeds", type=int, default=None, help="seeds per preset (default: the experiment's, 5 or 4)")
     parser.add_argument("--quick", action="store_true", help="tiny budgets: check the plumbing, numbers meaningless")
     parser.add_argument("--skip-training", action="store_true",
                         help="mapf_random, mm_quoting: evaluate the runs already in experiments/NAME/runs instead of "
