@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlx.errors import ConfigError
-from rlx.runner import artifacts, checkpoints, devices
+from rlx.runner import artifacts, checkpoints, devices, fast_random
 from rlx.runner.console import ProgressView
 from rlx.runner.evaluation import evaluate_episodes
 
@@ -128,6 +128,7 @@ class Programs:
 
     def __init__(self, agent_module, config, env, env_params, settings: RunSettings, swept: bool,
                  training: bool = True, layout: devices.Layout | None = None, chunk_lengths: tuple = ()):
+        fast_random.use_straight_line_threefry()  # same random bits, ~1.4x PPO's steps/s on a CPU
         self.agent_module, self.config, self.env, self.env_params = agent_module, config, env, env_params
         self.swept = swept
         self.layout = layout or devices.Layout(None, False, swept)
