@@ -40,16 +40,37 @@ class Experiment:
     seeds: int = 5  # without --seeds; an even count splits over a 2-core CPU's two devices
 
 
+# --------------------------------------------------------------------------- reference policies
+
+
+def reference_results(env, params, policies: dict, episodes: int, seeds: int,
+                      greedy: bool) -> dict[str, dict[str, np.ndarray]]:
+    """label -> {"return": per-seed mean returns, and each of the env's episode outcomes as per-seed shares}.
+
+    Each policy is measured by the runner's own evaluation code, on ``seeds`` fixed evaluation keys.
+    """
+    import jax
+
+    from rlx.runner.evaluation import evaluate_episodes
+
+    keys = jax.random.split(jax.random.PRNGKey(1234), seeds)
+    results = {}
+    for label, policy in policies.items():
+        evaluate = jax.jit(lambda key, policy=policy: evaluate_episodes(
+            policy, env, params, None, key, episodes, greedy))
+        per_seed = [jax.device_get(evaluate(k)) for k in keys]
+        results[label] = {"return": np.array([float(r.mean()) for r, _ in per_seed]),
+                          **{name: np.array([float(o[name].mean()) for _, o in per_seed]) for name in per_seed[0][1]}}
+    return results
+
+
 # --------------------------------------------------------------------------- mappo_mpe
 
 
-def mpe_spread_baselines(episodes: int, seeds: int) -> dict[str, np.ndarray]:
+def mpe_spread_baselines(episodes: int, seeds: int) -> dict[str, dict[str, np.ndarray]]:
     """Per-seed mean team returns of a random and the scripted assignment policy on mpe_spread."""
-    import jax
-
     from rlx.baselines.multi_agent import random_policy, spread_scripted_policy
     from rlx.envs import registry
-    from rlx.runner.evaluation import evaluate_multi_agent
 
     env, params = registry.make("mpe_spread")
     num_landmarks = (env.observation_space(params).shape[0] - 4 - 4 * (env.num_agents - 1)) // 2
@@ -57,13 +78,7 @@ def mpe_spread_baselines(episodes: int, seeds: int) -> dict[str, np.ndarray]:
         "random policy": random_policy(int(env.action_space(params).n)),
         "scripted (optimal assignment, steer to landmark)": spread_scripted_policy(env.num_agents, num_landmarks),
     }
-    results = {}
-    for label, policy in policies.items():
-        evaluate = jax.jit(lambda key, policy=policy: evaluate_multi_agent(
-            policy, env, params, None, key, episodes, greedy=True))
-        keys = jax.random.split(jax.random.PRNGKey(1234), seeds)
-        results[label] = {"return": np.array([float(evaluate(k).mean()) for k in keys])}
-    return results
+    return reference_results(env, params, policies, episodes, seeds, greedy=True)
 
 
 def spread_scores(means: dict[str, dict[str, float]]) -> dict[str, str]:
@@ -91,23 +106,13 @@ SMAX_HEURISTIC = "JaxMARL's heuristic team (the enemy's own script)"
 
 def smax_baselines(episodes: int, seeds: int) -> dict[str, dict[str, np.ndarray]]:
     """Per-seed team returns and win rates of a random and the heuristic team on smax_3m (sampled actions)."""
-    import jax
-
     from rlx.baselines.multi_agent import random_policy, smax_heuristic_policy
     from rlx.envs import registry
-    from rlx.runner.evaluation import evaluate_episodes
 
     env, params = registry.make("smax_3m")
     policies = {"random policy": random_policy(int(env.action_space(params).n)),
                 SMAX_HEURISTIC: smax_heuristic_policy(env)}
-    results = {}
-    for label, policy in policies.items():
-        evaluate = jax.jit(lambda key, policy=policy: evaluate_episodes(
-            policy, env, params, None, key, episodes, greedy=False))
-        per_seed = [evaluate(k) for k in jax.random.split(jax.random.PRNGKey(1234), seeds)]
-        results[label] = {"return": np.array([float(r.mean()) for r, _ in per_seed]),
-                          "won": np.array([float(o["won"].mean()) for _, o in per_seed])}
-    return results
+    return reference_results(env, params, policies, episodes, seeds, greedy=False)
 
 
 def smax_claim(means: dict[str, dict[str, float]]) -> list[str]:

@@ -11,10 +11,12 @@ of these loops around a body of about 150 operations.
 so every random number is bit for bit what it was (``tests/test_fast_random.py``), and so was a
 whole PPO run we compared at XLA's default settings (returns, losses). Under other compiler flags
 (the test suite's backend optimisation level 0) XLA may fuse the surrounding arithmetic
-differently: the same tiny run's loss then moved in the sixth digit. Measured on 2 CPU cores at the PPO benchmark configuration
-(CartPole, 4 envs x 128 steps, 4 epochs x 4 minibatches), alternating runs: 76k -> 104-109k env
-steps/s at XLA's defaults with the same compile time (7.5-8.2 s against 8.1-8.2 s), and 18.5-20.6k
--> 24.6-27.7k under the test suite's fast-compile flags (compile 3.4-3.6 s against 2.5-3.4 s).
+differently: the same tiny run's loss then moved in the sixth digit.
+
+Measured on 2 CPU cores at the PPO benchmark configuration (CartPole, 4 envs x 128 steps, 4 epochs
+x 4 minibatches), alternating runs: 76k -> 104-109k env steps/s at XLA's defaults with the same
+compile time (7.5-8.2 s against 8.1-8.2 s), and 18.5-20.6k -> 24.6-27.7k under the test suite's
+fast-compile flags (compile 3.4-3.6 s against 2.5-3.4 s).
 
 It uses JAX internals (the ``threefry2x32`` primitive and its GPU lowering rule); on a JAX
 without them it changes nothing and says so by returning False.
@@ -30,11 +32,8 @@ def use_straight_line_threefry() -> bool:
     """
     try:
         from jax._src.interpreters import mlir
+        from jax._src.random import threefry2x32 as threefry
 
-        try:
-            from jax._src.random import threefry2x32 as threefry  # jax 0.10
-        except ImportError:
-            from jax._src import prng as threefry  # older releases kept it there
         primitive, rule = threefry.threefry2x32_p, threefry._threefry2x32_lowering_rule
     except (ImportError, AttributeError):
         return False
