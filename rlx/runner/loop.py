@@ -105,6 +105,11 @@ def build_agent_config(agent_module, values: dict):
     return config
 
 
+# XLA options for programs that run once per run (init, key derivations): at level 0 with the
+# older loop emitters their compilation takes about half the CPU, and their run time is negligible.
+RUN_ONCE_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+
+
 def run_keys(seed, num_seeds: int):
     """(training keys ``[seed]``, evaluation root key) of a run from its integer seed."""
     train_key, eval_root = jax.random.split(jax.random.PRNGKey(seed))
@@ -169,7 +174,7 @@ class Programs:
             jobs["run_keys"] = (jax.jit(partial(run_keys, num_seeds=settings.num_seeds)), 0)
             jobs["eval_keys"] = (jax.jit(partial(eval_keys, num_seeds=settings.num_seeds)),
                                  jax.ShapeDtypeStruct((2,), jnp.uint32), 0)
-        compiled = self._compile_together(jobs)
+        compiled = self._compile_together(jobs, run_once={"init", "run_keys", "eval_keys"})
         self.init = compiled.get("init")
         self.evaluate = compiled["evaluate"]
         self.run_keys, self.eval_keys = compiled.get("run_keys"), compiled.get("eval_keys")
@@ -244,17 +249,20 @@ class Programs:
     def _compile(self, program, *args):
         return self._compile_together({"program": (program, *args)})["program"]
 
-    def _compile_together(self, jobs: dict) -> dict:
+    def _compile_together(self, jobs: dict, run_once: set = frozenset()) -> dict:
         """``{name: (program, *args)}`` -> ``{name: compiled}``, each compiled while the next is lowered.
 
         Lowering (tracing to MLIR) is Python; XLA's compilation runs outside the
         GIL. Handing each lowered program to a compiler thread overlaps the two and
         the programs' compilations with each other on a multi-core CPU. Put the
-        slowest-compiling program first.
+        slowest-compiling program first. On a CPU, the programs named in ``run_once``
+        compile with ``RUN_ONCE_COMPILER_OPTIONS``: quicker to build, slower to run.
         """
+        quick = RUN_ONCE_COMPILER_OPTIONS if jax.default_backend() == "cpu" else None
         start = time.perf_counter()
         with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
-            futures = {name: pool.submit(program.lower(*args).compile) for name, (program, *args) in jobs.items()}
+            futures = {name: pool.submit(program.lower(*args).compile, quick if name in run_once else None)
+                       for name, (program, *args) in jobs.items()}
             compiled = {name: future.result() for name, future in futures.items()}
         self.compile_seconds += time.perf_counter() - start
         return compiled
