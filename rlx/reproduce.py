@@ -37,7 +37,7 @@ class Experiment:
     quick_overrides: tuple[str, ...]
     score: Callable[[dict[str, dict[str, float]]], dict[str, str]] | None = None  # label -> means -> score text
     outcome: tuple[str, str] | None = None  # (episode outcome, column title): SMAX's ("won", "win rate")
-    seeds: int = 5  # without --seeds; an even count splits over a 2-core CPU's two devices
+    seeds: int = 5  # without --seeds; on a 2-core CPU's two devices 5 seeds run as 3 + 3 (padded)
 
 
 # --------------------------------------------------------------------------- reference policies

@@ -40,15 +40,19 @@ def assert_same_training(one, four):
                 np.testing.assert_allclose(r4[key], r1[key], rtol=1e-4, atol=1e-5)
 
 
-def test_four_devices_split_seeds_like_one_device_and_the_checkpoint_reloads_on_one(tmp_path):
-    one = train(tmp_path / "one", "run.num_seeds=4", devices=1)
-    four = train(tmp_path / "four", "run.num_seeds=4", devices=4)
-    assert one[0]["devices"] == "1 device (cpu)" and four[0]["devices"] == "4 devices: seeds split 4 / 4"
+def test_four_devices_split_padded_seeds_like_one_device_and_the_checkpoint_reloads_on_one(tmp_path):
+    # 6 seeds on 4 devices: padded to 8 with copies of seeds 0 and 1, two per device, the copies dropped
+    one = train(tmp_path / "one", "run.num_seeds=6", devices=1)
+    four = train(tmp_path / "four", "run.num_seeds=6", devices=4)
+    assert one[0]["devices"] == "1 device (cpu)"
+    assert four[0]["devices"] == ("4 devices: seeds split 6 / 4, padded to 8 with copies of the first 2 "
+                                  "(their results are dropped)")
+    assert len(four[0]["final_eval"]["return_per_seed"]) == 6 and all(len(r["loss"]) == 6 for r in four[1])
     assert_same_training(one, four)
     from rlx.evaluate import evaluate_run
 
     reloaded = evaluate_run(tmp_path / "four", episodes=2, greedy=True, seed=0)  # in this one-device process
-    assert len(reloaded["points"][0]["per_seed"]) == 4
+    assert len(reloaded["points"][0]["per_seed"]) == 6
 
 
 @pytest.mark.slow  # ~40 s on a cold cache; the fast suite splits seeds over the same 4 devices (the test above)
@@ -60,19 +64,24 @@ def test_four_devices_split_sweep_points_like_one_device(tmp_path):
     assert_same_training(one, four)
 
 
-def test_uneven_split_runs_on_one_device(monkeypatch):
-    """Neither the seeds nor the sweep points divide over the devices: one device, and the console says why.
-    (The runner's one-device path is the one every other run takes.)"""
+def test_seeds_that_do_not_split_evenly_are_padded_and_a_lone_seed_stays_on_one_device(monkeypatch):
+    """Even seeds split as they are; odd ones are padded up to a multiple of the devices (unless the sweep
+    points split evenly); one seed with an uneven sweep runs on one device, and the console says why."""
     import jax
 
     from rlx.runner import devices
 
     four = [jax.devices()[0]] * 4
-    odd_seeds = devices.plan(3, 1, False, four)
-    assert not odd_seeds.active and not devices.plan(2, 3, True, four).active
+    assert devices.plan(8, 1, False, four).active and devices.plan(8, 1, False, four).run_seeds is None
+    odd_seeds = devices.plan(5, 1, False, four)
+    assert odd_seeds.active and not odd_seeds.split_grid and odd_seeds.run_seeds == 8
+    grid_split = devices.plan(5, 4, True, four)
+    assert grid_split.split_grid and grid_split.run_seeds is None
+    lone = devices.plan(1, 3, True, four)
+    assert not lone.active and devices.plan(3, 1, False, four[:1]).run_seeds is None
     monkeypatch.setattr(devices.jax, "device_count", lambda: 4)
-    assert devices.explain(odd_seeds, 3, 1) == (
-        "4 devices, but neither num_seeds=3 nor the 1 sweep points divide evenly: running on one device")
+    assert devices.explain(lone, 1, 3) == (
+        "4 devices, but num_seeds=1 and the 3 sweep point(s) do not split evenly: running on one device")
 
 
 def test_cpu_devices_default_uses_every_core(tmp_path, monkeypatch):

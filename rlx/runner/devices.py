@@ -3,8 +3,11 @@
 With more than one device, each program runs under ``jax.shard_map`` on a 1-D
 ``Mesh``: every device gets an equal slice of the seed axis (or, when the
 seeds do not divide evenly but the grid points do, of the grid axis) and runs
-the same per-seed computation as a single device would. Seeds never interact,
-so the results equal the single-device run's. Multi-host clusters call
+the same per-seed computation as a single device would. When neither divides,
+the seed axis is padded to a multiple of the device count with copies of the
+first seeds (same keys, so the same computation), whose results are dropped:
+5 seeds on 2 devices run as 3 + 3. Seeds never interact, so the results equal
+the single-device run's. Multi-host clusters call
 ``jax.distributed.initialize()`` first; the mesh then spans every process's
 devices (see the README).
 """
@@ -26,6 +29,7 @@ class Layout:
     mesh: Mesh | None
     split_grid: bool  # True: the grid axis is split; False: the seed axis
     swept: bool
+    run_seeds: int | None = None  # seeds the programs compute, padded up to a multiple of the devices; None: no padding
 
     @property
     def active(self) -> bool:
@@ -44,7 +48,8 @@ class Layout:
 
 
 def plan(num_seeds: int, grid_size: int, swept: bool, devices=None) -> Layout:
-    """Split seeds if they divide evenly over the devices, else grid points, else stay on one device."""
+    """Split seeds if they divide evenly over the devices, else grid points, else seeds padded with
+    copies up to a multiple of the device count; a single seed (nothing to gain) stays on one device."""
     devices = list(devices if devices is not None else jax.devices())
     count = len(devices)
     if count == 1:
@@ -53,16 +58,21 @@ def plan(num_seeds: int, grid_size: int, swept: bool, devices=None) -> Layout:
         return Layout(Mesh(devices, (AXIS,)), False, swept)
     if swept and grid_size % count == 0:
         return Layout(Mesh(devices, (AXIS,)), True, swept)
+    if num_seeds > 1:
+        return Layout(Mesh(devices, (AXIS,)), False, swept, run_seeds=-(-num_seeds // count) * count)
     return Layout(None, False, swept)
 
 
 def explain(layout: Layout, num_seeds: int, grid_size: int) -> str:
     """One line for the console about where the run executes."""
     count = jax.device_count()
+    if layout.run_seeds:
+        return (f"{count} devices: seeds split {num_seeds} / {count}, padded to {layout.run_seeds} with copies "
+                f"of the first {layout.run_seeds - num_seeds} (their results are dropped)")
     if layout.active:
         what = "sweep points" if layout.split_grid else "seeds"
         return f"{count} devices: {what} split {num_seeds if not layout.split_grid else grid_size} / {count}"
     if count > 1:
-        return (f"{count} devices, but neither num_seeds={num_seeds} nor the {grid_size} sweep points divide "
-                f"evenly: running on one device")
+        return (f"{count} devices, but num_seeds={num_seeds} and the {grid_size} sweep point(s) do not split evenly: "
+                f"running on one device")
     return f"1 device ({jax.devices()[0].platform})"

@@ -137,8 +137,11 @@ class Programs:
         self.agent_module, self.config, self.env, self.env_params = agent_module, config, env, env_params
         self.swept = swept
         self.layout = layout or devices.Layout(None, False, swept)
+        self.num_seeds = settings.num_seeds
+        self.run_seeds = self.layout.run_seeds or settings.num_seeds  # programs compute this many (devices.plan)
         self.compile_seconds = 0.0
         self._chunks = {}
+        self._selections = {}
 
         def init(config, keys, config_axis):
             # lax.map, not vmap: the same stacked states, but the batched PRNG and
@@ -156,7 +159,7 @@ class Programs:
         # evaluation returns [grid?, seed, episode]; keys [seed] are shared by every grid point.
         state_spec = self._spec(1 if swept else 0)
         keys_spec = self._spec(0) if not self.layout.split_grid else self._replicated()
-        keys = jax.eval_shape(lambda: jax.random.split(jax.random.PRNGKey(0), settings.num_seeds))
+        keys = jax.eval_shape(lambda: jax.random.split(jax.random.PRNGKey(0), self.run_seeds))
         init = self._program(self._per_run(init, batched=(), shared=(0,)),
                              (self._config_spec(), keys_spec), state_spec)
         self.state_shape = init.eval_shape(config, keys)  # traced once: lowering below reuses it
@@ -175,7 +178,7 @@ class Programs:
             jobs["eval_keys"] = (jax.jit(partial(eval_keys, num_seeds=settings.num_seeds)),
                                  jax.ShapeDtypeStruct((2,), jnp.uint32), 0)
         compiled = self._compile_together(jobs, run_once={"init", "run_keys", "eval_keys"})
-        self.init = compiled.get("init")
+        self._init = compiled.get("init")
         self.evaluate = compiled["evaluate"]
         self.run_keys, self.eval_keys = compiled.get("run_keys"), compiled.get("eval_keys")
         self._chunks.update({key[1]: program for key, program in compiled.items() if isinstance(key, tuple)})
@@ -222,11 +225,55 @@ class Programs:
 
     def abstract_state(self):
         """Shapes, dtypes and (with several devices) shardings of the state: the target of a restore."""
+        if self.padded:  # the seeds the run asked for, whole on every device (``unpad_seeds``)
+            everywhere = self.layout.sharding(self.layout.replicated())
+            return jax.tree.map(lambda s: jax.ShapeDtypeStruct(self._seed_shape(s.shape), s.dtype,
+                                                               sharding=everywhere), self.state_shape)
         if self.state_sharding is None:  # whole on the first device, however the saving run was split
             here = jax.sharding.SingleDeviceSharding(jax.devices()[0])
             return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=here), self.state_shape)
         return jax.tree.map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
                             self.state_shape, self.state_sharding)
+
+    # -- seed padding: programs compute ``run_seeds``, callers see ``num_seeds`` ---------------------------
+    @property
+    def padded(self) -> bool:
+        return self.run_seeds != self.num_seeds
+
+    @property
+    def _state_seed_axis(self) -> int:
+        return 1 if self.swept else 0
+
+    def _seed_shape(self, shape: tuple) -> tuple:
+        axis = self._state_seed_axis
+        return shape[:axis] + (self.num_seeds,) + shape[axis + 1:]
+
+    def _seed_selection(self, name: str, count: int, axis: int, out_shardings=None):
+        """A jitted function taking seeds ``arange(count) % num_seeds`` along ``axis`` of every leaf (built once)."""
+        if name not in self._selections:
+            index = np.arange(count) % self.num_seeds
+            self._selections[name] = jax.jit(lambda tree: jax.tree.map(lambda x: jnp.take(x, index, axis=axis), tree),
+                                             out_shardings=out_shardings)
+        return self._selections[name]
+
+    def pad_seeds(self, tree, axis: int | None = None):
+        """A state (or keys, ``axis=0``) of ``num_seeds`` seeds, extended to ``run_seeds`` with copies of the first."""
+        if not self.padded:
+            return tree
+        axis = self._state_seed_axis if axis is None else axis
+        split = self.layout.sharding(self._spec(axis))  # as the programs take it: seeds split over the devices
+        return self._seed_selection(f"pad{axis}", self.run_seeds, axis, split)(tree)
+
+    def unpad_seeds(self, state):
+        """The state of the ``num_seeds`` real seeds, replicated on every device."""
+        if not self.padded:
+            return state
+        everywhere = self.layout.sharding(self.layout.replicated())
+        return self._seed_selection("unpad", self.num_seeds, self._state_seed_axis, everywhere)(state)
+
+    def init(self, config, keys):
+        """Initial state of every seed (and sweep point) from keys ``[num_seeds]``."""
+        return self.unpad_seeds(self._init(config, self.pad_seeds(keys, axis=0)))
 
     def _spec(self, seed_axis: int, grid_axis: int = 0):
         return self.layout.spec(seed_axis, grid_axis) if self.layout.active else None
@@ -304,14 +351,17 @@ class Programs:
 
     def chunk(self, state, num_updates: int, first_update: int):
         """Run updates ``first_update`` to ``first_update + num_updates - 1``; metrics ``[update, grid point, seed]``."""
-        state, metrics = self.chunk_program(num_updates)(self.config, state, jnp.int32(first_update))
-        metrics = jax.device_get(metrics)
-        return state, metrics if self.swept else {name: v[:, None] for name, v in metrics.items()}
+        state, metrics = self.chunk_program(num_updates)(self.config, self.pad_seeds(state), jnp.int32(first_update))
+        seed_axis = 2 if self.swept else 1  # metrics [update, grid?, seed, ...]
+        metrics = {name: np.take(v, np.arange(self.num_seeds), axis=seed_axis)
+                   for name, v in jax.device_get(metrics).items()}
+        return self.unpad_seeds(state), metrics if self.swept else {name: v[:, None] for name, v in metrics.items()}
 
     def evaluation(self, state, keys) -> Evaluation:
         """Evaluation returns and episode outcomes, each ``[grid point, seed, episode]``."""
-        result = jax.device_get(self.evaluate(self.config, state.policy, keys))
+        result = jax.device_get(self.evaluate(self.config, self.pad_seeds(state.policy), self.pad_seeds(keys, axis=0)))
         returns, outcomes = result if self.swept else jax.tree.map(lambda x: x[None], result)
+        returns, outcomes = jax.tree.map(lambda x: x[:, :self.num_seeds], (returns, outcomes))
         return Evaluation(returns, outcomes)
 
 
