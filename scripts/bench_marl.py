@@ -74,7 +74,7 @@ def rlx_mappo(num_envs: int, updates: int, repeats: int, recurrent: bool) -> tup
     """rlx MAPPO: (compile s, run s for ``updates`` updates, joint steps).
 
     ``recurrent``: JaxMARL's baseline network (FC 128, GRU 128, tanh, no value or input
-    normalisation); otherwise the ``mappo_mpe_spread`` preset's feed-forward 64x64 ReLU network.
+    normalisation); otherwise MAPPO's default feed-forward 64x64 ReLU network.
     """
     from rlx.agents import mappo
     from rlx.envs import registry
@@ -157,7 +157,7 @@ def main(argv=None) -> None:
         "",
         "| envs | raw random stepping: env steps/s | rlx MAPPO training: env steps/s (agent-steps/s) "
         "| JaxMARL MAPPO training: env steps/s | rlx / JaxMARL | rlx training / raw stepping "
-        "| rlx feed-forward MAPPO (preset network): env steps/s, / raw | compile s (raw / rlx / JaxMARL / ff) |",
+        "| rlx feed-forward MAPPO (default 64x64 network): env steps/s, / raw | compile s (raw / rlx / JaxMARL / ff) |",
         "|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for num_envs, _, raw, ours, theirs, feed_forward in rows:
@@ -177,7 +177,7 @@ def main(argv=None) -> None:
         f"{', '.join(f'{e} envs: {u}' for e, u, *_ in rows)}. "
         "Both MAPPOs: recurrent actor and critic (FC 128, GRU 128, tanh), centralized critic on the "
         "concatenated observations, lr 2e-3; rlx without value normalisation or input LayerNorm (as "
-        "JaxMARL's baseline); the feed-forward column is the mappo_mpe_spread preset's network (64x64 ReLU, "
+        "JaxMARL's baseline); the feed-forward column is MAPPO's default network (64x64 ReLU, "
         "input LayerNorm, value normalisation, agent ids). One seed, one CPU device. Times are medians of the repeats after compilation; raw stepping = "
         f"{NUM_STEPS} steps of JaxMARL's vmapped env.step with random actions, nothing learned.",
     ]
