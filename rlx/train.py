@@ -105,7 +105,7 @@ def make_loggers(cfg, run_dir: Path) -> tuple:
                         OmegaConf.to_container(cfg, resolve=True), run_dir, f"{cfg.exp_name}-{run_dir.name}", warn),)
 
 
-def execute(cfg, run_dir: Path, hydra_seconds: float) -> dict:
+def execute(cfg, run_dir: Path, imported_seconds: float) -> dict:
     """Train one configuration and write every file of its run directory; return the summary."""
     from omegaconf import OmegaConf
 
@@ -120,7 +120,7 @@ def execute(cfg, run_dir: Path, hydra_seconds: float) -> dict:
     from rlx.runner import artifacts, components, loop
 
     parts = components.build(cfg)
-    import_seconds = hydra_seconds + time.perf_counter() - tick
+    import_seconds = imported_seconds + time.perf_counter() - tick
     settings, resume_dir = parts.settings, parts.resume
     counter = compile_cache.enable(cache_dir)
 
@@ -195,14 +195,16 @@ def main() -> None:
 
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
     def hydra_entry(cfg) -> None:
-        from rlx.runner.loop import NonFiniteError
+        tick = time.perf_counter()
+        from rlx.runner.loop import NonFiniteError  # imports jax: counted with the imports
+        imported_seconds = hydra_seconds + time.perf_counter() - tick
 
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         try:
             if cfg.run.get("resume"):
                 cfg = resume_config(cfg, list(HydraConfig.get().overrides.task))
                 run_dir = Path(cfg.run.resume)
-            execute(cfg, run_dir, hydra_seconds)
+            execute(cfg, run_dir, imported_seconds)
         except ConfigError as error:
             fail(str(error), 2)
         except NonFiniteError as error:
