@@ -264,6 +264,12 @@ class Programs:
         split = self.layout.sharding(self._spec(axis))  # as the programs take it: seeds split over the devices
         return self._seed_selection(f"pad{axis}", self.run_seeds, axis, split)(tree)
 
+    def _real_seeds(self, tree, axis: int):
+        """Host arrays of ``tree`` without the padding seeds along ``axis`` (views, not copies)."""
+        if not self.padded:
+            return tree
+        return jax.tree.map(lambda x: x[(slice(None),) * axis + (slice(self.num_seeds),)], tree)
+
     def unpad_seeds(self, state):
         """The state of the ``num_seeds`` real seeds, replicated on every device."""
         if not self.padded:
@@ -352,16 +358,13 @@ class Programs:
     def chunk(self, state, num_updates: int, first_update: int):
         """Run updates ``first_update`` to ``first_update + num_updates - 1``; metrics ``[update, grid point, seed]``."""
         state, metrics = self.chunk_program(num_updates)(self.config, self.pad_seeds(state), jnp.int32(first_update))
-        seed_axis = 2 if self.swept else 1  # metrics [update, grid?, seed, ...]
-        metrics = {name: np.take(v, np.arange(self.num_seeds), axis=seed_axis)
-                   for name, v in jax.device_get(metrics).items()}
+        metrics = self._real_seeds(jax.device_get(metrics), axis=2 if self.swept else 1)  # [update, grid?, seed, ...]
         return self.unpad_seeds(state), metrics if self.swept else {name: v[:, None] for name, v in metrics.items()}
 
     def evaluation(self, state, keys) -> Evaluation:
         """Evaluation returns and episode outcomes, each ``[grid point, seed, episode]``."""
         result = jax.device_get(self.evaluate(self.config, self.pad_seeds(state.policy), self.pad_seeds(keys, axis=0)))
-        returns, outcomes = result if self.swept else jax.tree.map(lambda x: x[None], result)
-        returns, outcomes = jax.tree.map(lambda x: x[:, :self.num_seeds], (returns, outcomes))
+        returns, outcomes = self._real_seeds(result if self.swept else jax.tree.map(lambda x: x[None], result), axis=1)
         return Evaluation(returns, outcomes)
 
 
