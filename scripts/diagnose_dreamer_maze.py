@@ -21,17 +21,10 @@ SHOWN = ("recon_loss", "reward_loss", "reward_error", "cont_loss", "kl", "model_
 
 
 def parse_overrides(pairs: list[str]) -> dict:
-    """``name=value`` pairs -> {name: int, float or str}."""
-    overrides = {}
-    for pair in pairs:
-        name, _, text = pair.partition("=")
-        for kind in (int, float, str):
-            try:
-                overrides[name] = kind(text)
-                break
-            except ValueError:
-                continue
-    return overrides
+    """``name=value`` pairs -> {name: value}, each value read as YAML (as Hydra reads ``algo.FIELD=VALUE``)."""
+    import yaml
+
+    return {name: yaml.safe_load(text) for name, _, text in (pair.partition("=") for pair in pairs)}
 
 
 def main(argv=None) -> None:
@@ -45,8 +38,6 @@ def main(argv=None) -> None:
     from rlx.runner import compile_cache
 
     compile_cache.set_xla_flags()
-    import dataclasses
-
     import jax
     import numpy as np
 
@@ -54,21 +45,23 @@ def main(argv=None) -> None:
     from rlx.envs import registry
     from rlx.imagination import generalization as study
     from rlx.runner.evaluation import evaluate
+    from rlx.runner.loop import build_agent_config
 
     env, _ = registry.make("maze", None)
-    config = dataclasses.replace(dreamer.Config(**study.DREAMER), **parse_overrides(args.set))
-    dreamer.validate(config)
+    from rlx.errors import ConfigError
+
+    try:
+        config = build_agent_config(dreamer, {**study.DREAMER, **parse_overrides(args.set)})
+    except ConfigError as error:
+        raise SystemExit(f"error: {error}") from None
     levels = study.level_params(env, args.levels)
 
     def run(key):
         agent = dreamer.make(config, env, levels)
         data_key, init_key, train_key, eval_key = jax.random.split(key, 4)
-        dataset = agent.collect(agent.init(data_key), None, study.REAL_STEPS // study.COLLECT_ENVS)[1]
-        state = agent.fill(agent.init(init_key), dataset)
-        learner, metrics = jax.lax.scan(lambda learner, k: agent.train_step(learner, state.buffer, k),
-                                        state.learner, jax.random.split(train_key, args.grad_steps))
-        policy = state.replace(learner=learner).policy
-        returns = evaluate(agent, env, levels, policy, eval_key, study.EVAL_EPISODES, False, study.EVAL_STEPS)
+        state, metrics, dataset = study.train_on_random_experience(agent, (data_key, init_key, train_key),
+                                                                   args.grad_steps, study.REAL_STEPS)
+        returns = evaluate(agent, env, levels, state.policy, eval_key, study.EVAL_EPISODES, False, study.EVAL_STEPS)
         return returns.mean(), metrics, (dataset.reward > 0).mean()
 
     started = time.time()

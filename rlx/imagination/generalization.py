@@ -93,16 +93,31 @@ def dreamer_program(env, grad_steps: int, real_steps: int):
     def run(config, train_params, test_params, key):
         agent = dreamer.make(config, env, train_params)
         data_key, init_key, train_key, eval_key = jax.random.split(key, 4)
-        dataset = agent.collect(agent.init(data_key), None, real_steps // COLLECT_ENVS)[1]
-        state = agent.fill(agent.init(init_key), dataset)
-        learner, _ = jax.lax.scan(lambda l, k: agent.train_step(l, state.buffer, k), state.learner,
-                                  jax.random.split(train_key, grad_steps))
-        policy = state.replace(learner=learner).policy
+        state, _, _ = train_on_random_experience(agent, (data_key, init_key, train_key), grad_steps, real_steps)
+        policy = state.policy
         on = lambda params, k: evaluate(agent, env, params, policy, k, EVAL_EPISODES, False, EVAL_STEPS).mean()  # noqa: E731
         train_key, test_key = jax.random.split(eval_key)
         return on(train_params, train_key), on(test_params, test_key)
 
     return jax.jit(jax.vmap(run, in_axes=(None, None, None, 0)))
+
+
+def train_on_random_experience(agent, keys: tuple, grad_steps: int, real_steps: int):
+    """Dreamer trained offline on uniformly random experience, as every dreamer row of the study is.
+
+    Collects ``real_steps`` steps in ``COLLECT_ENVS`` environments, stores them in a fresh state's
+    buffer and takes ``grad_steps`` of ``agent.train_step`` on it, with ``keys`` = (collection key,
+    initialisation key, training key). Returns the trained state, the
+    metrics of every step (``[grad_steps]`` each) and the collected dataset.
+    """
+    import jax
+
+    data_key, init_key, train_key = keys
+    dataset = agent.collect(agent.init(data_key), None, real_steps // COLLECT_ENVS)[1]
+    state = agent.fill(agent.init(init_key), dataset)
+    learner, metrics = jax.lax.scan(lambda l, k: agent.train_step(l, state.buffer, k), state.learner,
+                                    jax.random.split(train_key, grad_steps))
+    return state.replace(learner=learner), metrics, dataset
 
 
 def reference_rows(env, num_levels: int, seeds: int, real_steps: int) -> dict:
