@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from rlx.envs.mapf import instances, maps
-from rlx.envs.mapf.env import MapfEnv, MapfParams
+from rlx.envs.mapf.env import MapfEnv, MapfParams, distance_fields
 from rlx.errors import ConfigError
 
 LAYOUTS = ("random", "maze", "warehouse", "file")
@@ -15,7 +16,7 @@ LAYOUTS = ("random", "maze", "warehouse", "file")
 def make_mapf(layout: str = "random", num_agents: int = 16, obs_radius: int = 5, collision_system: str = "soft",
               on_target: str = "nothing", pool_size: int = 512, size: tuple = (17, 21), density: tuple = (0.1, 0.3),
               max_steps: int = 128, seed: int = 0, map_file: str | None = None, observation: str = "local",
-              expert: str | None = None) -> MapfEnv:
+              expert: str | None = None, progress_reward: float = 0.0) -> MapfEnv:
     """A ``MapfEnv`` over a pool of ``pool_size`` instances drawn with ``seed``.
 
     ``layout``: ``random`` (side uniform in ``size``, obstacle density uniform in
@@ -23,7 +24,10 @@ def make_mapf(layout: str = "random", num_agents: int = 16, obs_radius: int = 5,
     ``warehouse`` (the default layout of ``maps.warehouse_map``) or ``file`` (the
     MovingAI ``map_file``); starts and goals are drawn on each map. Under
     ``restart`` the next goals are random cells of the agent's component.
-    ``observation``: ``local`` windows or the whole ``map``. ``expert``
+    ``observation``: ``local`` windows (POGEMA's), ``local_path`` (the same plus each cell's
+    shortest-path distance to the agent's goal relative to the agent's own) or the whole ``map``.
+    ``progress_reward``: added to each agent's reward per step it moves closer to its goal (and
+    taken away per step it moves farther), on top of the ``on_target`` rewards. ``expert``
     (``pibt`` or ``prioritized``) solves every instance and keeps the joint
     actions in the pool, for imitation; solutions are cached on disk.
     """
@@ -47,7 +51,19 @@ def make_mapf(layout: str = "random", num_agents: int = 16, obs_radius: int = 5,
     if expert is not None:
         actions = expert_actions(drawn, expert, max_steps, num_agents, seed)
         pool = pool.replace(expert_actions=jnp.asarray(actions))
-    return MapfEnv(num_agents, obs_radius, collision_system, on_target, pool, observation)
+    env = MapfEnv(num_agents, obs_radius, collision_system, on_target, pool, observation, progress_reward)
+    if env.needs_distances:  # resets then read the first goals' distance fields instead of searching
+        pool = pool.replace(goal_distances=first_goal_distances(pool))
+        env = MapfEnv(num_agents, obs_radius, collision_system, on_target, pool, observation, progress_reward)
+    return env
+
+
+def first_goal_distances(pool: MapfParams, chunk: int = 64) -> jnp.ndarray:
+    """``int16[M, N, H, W]``: every pool instance's distance fields to its agents' first goals."""
+    fields = jax.jit(jax.vmap(distance_fields))
+    parts = [fields(pool.blocked[i:i + chunk], pool.goals[i:i + chunk, :, 0], pool.sizes[i:i + chunk]).astype(jnp.int16)
+             for i in range(0, pool.blocked.shape[0], chunk)]
+    return jnp.concatenate(parts)
 
 
 def expert_actions(drawn: list[tuple], solver: str, max_steps: int, num_agents: int, seed: int) -> np.ndarray:

@@ -51,7 +51,7 @@ spaces = import_env_module("gymnax.environments.spaces")
 MOVES = np.array([[0, 0], [-1, 0], [1, 0], [0, -1], [0, 1]], np.int32)  # wait, up, down, left, right
 COLLISION_SYSTEMS = ("soft", "priority", "block_both")
 ON_TARGET_MODES = ("finish", "nothing", "restart")
-OBSERVATIONS = ("local", "map")
+OBSERVATIONS = ("local", "local_path", "map")
 MAP_CHANNELS = 8  # see MapfEnv.map_features
 
 
@@ -74,6 +74,7 @@ class MapfParams:
     random_goals: bool = struct.field(pytree_node=False, default=False)
     max_steps_in_episode: int = 64
     expert_actions: jax.Array | None = None  # int8[M, T, N]: an expert's joint actions (0 after it is done)
+    goal_distances: jax.Array | None = None  # int32[M, N, H, W]: distance fields to the first goals (optional cache)
 
 
 @struct.dataclass
@@ -95,7 +96,8 @@ class MapfEnv(MultiAgentEnv):
     """POGEMA-style MAPF over an instance pool; ``num_agents`` slots, observation radius ``obs_radius``."""
 
     def __init__(self, num_agents: int, obs_radius: int = 5, collision_system: str = "soft",
-                 on_target: str = "nothing", pool: MapfParams | None = None, observation: str = "local"):
+                 on_target: str = "nothing", pool: MapfParams | None = None, observation: str = "local",
+                 progress_reward: float = 0.0):
         if collision_system not in COLLISION_SYSTEMS:
             raise ConfigError(f"collision_system={collision_system!r}: valid: {', '.join(COLLISION_SYSTEMS)}")
         if on_target not in ON_TARGET_MODES:
@@ -104,7 +106,12 @@ class MapfEnv(MultiAgentEnv):
             raise ConfigError(f"obs_radius={obs_radius}: must be >= 1")
         if observation not in OBSERVATIONS:
             raise ConfigError(f"observation={observation!r}: valid: {', '.join(OBSERVATIONS)}")
+        if progress_reward < 0:
+            raise ConfigError(f"progress_reward={progress_reward}: must be >= 0")
         self.observation = observation
+        self.progress_reward = float(progress_reward)
+        # distance fields to the goals: whole-map features, path windows and the progress reward read them
+        self.needs_distances = observation != "local" or self.progress_reward > 0
         self.num_agents = num_agents
         self.obs_radius = obs_radius
         self.collision_system = collision_system
@@ -148,13 +155,16 @@ class MapfEnv(MultiAgentEnv):
         return self.observations(state, params), state
 
     def _with_distances(self, state: MapfState, params: MapfParams, changed=None) -> MapfState:
-        """Distance fields to the current goals, kept in the state for "map" observations (recomputed
-        only when a goal changed, in lifelong mode)."""
-        if self.observation != "map":
+        """Distance fields to the current goals, kept in the state when ``needs_distances`` (at a reset
+        read from the pool's ``goal_distances`` when it has them; recomputed only when a goal changed,
+        in lifelong mode)."""
+        if not self.needs_distances:
             return state
         compute = lambda: distance_fields(params.blocked[state.instance], state.goals,  # noqa: E731
                                           params.sizes[state.instance])
         if changed is None:
+            if params.goal_distances is not None:
+                return state.replace(distances=params.goal_distances[state.instance].astype(jnp.int32))
             return state.replace(distances=compute())
         return state.replace(distances=jax.lax.cond(jnp.any(changed), compute, lambda: state.distances))
 
@@ -162,6 +172,7 @@ class MapfEnv(MultiAgentEnv):
         blocked = params.blocked[state.instance]
         size = params.sizes[state.instance]
         positions = move(self.collision_system, blocked, size, state.positions, actions, state.active)
+        progress = self._progress(state, positions)
         time = state.time + 1
         present = params.agent_mask[state.instance]
         on_goal = jnp.all(positions == state.goals, axis=-1) & present
@@ -185,7 +196,18 @@ class MapfEnv(MultiAgentEnv):
             terminated = ~present
             on_goal = jnp.all(positions == state.goals, axis=-1) & present  # the new goals, as POGEMA reports
         info = {"on_goal": on_goal, **self.metrics(state, params)}
+        if self.progress_reward > 0:
+            rewards = rewards + self.progress_reward * progress
         return self.observations(state, params), state, rewards, terminated, info
+
+    def _progress(self, state: MapfState, positions) -> jax.Array:
+        """``float32[N]``: how much each acting agent's move shortened its path to its goal (+1, 0 or -1)."""
+        if not self.needs_distances:
+            return jnp.zeros(self.num_agents, jnp.float32)
+        index = jnp.arange(self.num_agents)
+        before = state.distances[index, state.positions[:, 0], state.positions[:, 1]]
+        after = state.distances[index, positions[:, 0], positions[:, 1]]
+        return jnp.where(state.active, before - after, 0).astype(jnp.float32)
 
     def _next_goals(self, key, state: MapfState, arriving, params: MapfParams) -> MapfState:
         """Lifelong mode: each arriving agent's next goal, from its sequence or drawn in its component."""
@@ -214,7 +236,10 @@ class MapfEnv(MultiAgentEnv):
                 state.active.astype(jnp.float32))
             shared = jnp.broadcast_to(features, (self.num_agents,) + features.shape)
             return jnp.concatenate([shared, me[..., None]], axis=-1)
-        return self.local_observations(state, params)
+        windows = self.local_observations(state, params)
+        if self.observation == "local_path":
+            return jnp.concatenate([windows, self.path_windows(state, params)[..., None]], axis=-1)
+        return windows
 
     def map_features(self, state: MapfState, params: MapfParams) -> jax.Array:
         """``float32[H, W, MAP_CHANNELS]``: what a whole-map policy sees, per cell.
@@ -260,6 +285,25 @@ class MapfEnv(MultiAgentEnv):
 
         return jax.vmap(one)(state.positions, state.goals)
 
+    def path_windows(self, state: MapfState, params: MapfParams) -> jax.Array:
+        """``float32[N, 2R+1, 2R+1]``: around each agent, how much farther from its goal each cell is than
+        its own, in units of ``2R`` and clipped to [-1, 1] (walls, the outside and cut-off cells: 1).
+
+        The ``local_path`` observation's fourth channel: the shortest-path direction that strong
+        decentralized MAPF methods give their agents, and every detour's cost beside it.
+        """
+        r = self.obs_radius
+        window = 2 * r + 1
+        far = state.distances.shape[1] * state.distances.shape[2]
+        padded = jnp.pad(state.distances, ((0, 0), (r, r), (r, r)), constant_values=far)
+
+        def one(field, position):
+            here = field[position[0] + r, position[1] + r]
+            around = jax.lax.dynamic_slice(field, (position[0], position[1]), (window, window))
+            return jnp.clip((around - here) / (2 * r), -1.0, 1.0)
+
+        return jax.vmap(one)(padded, state.positions).astype(jnp.float32)
+
     def world_state(self, state: MapfState, params: MapfParams) -> jax.Array:
         """``float32[H, W, 4]``: obstacles, active agents, their goals, and the time left as a constant plane."""
         blocked = params.blocked[state.instance]
@@ -299,6 +343,8 @@ class MapfEnv(MultiAgentEnv):
         if self.observation == "map":
             return spaces.Box(-1.0, 1.0, params.blocked.shape[1:] + (MAP_CHANNELS + 1,), jnp.float32)
         window = 2 * self.obs_radius + 1
+        if self.observation == "local_path":
+            return spaces.Box(-1.0, 1.0, (window, window, 4), jnp.float32)
         return spaces.Box(0.0, 1.0, (window, window, 3), jnp.float32)
 
     def action_space(self, params):

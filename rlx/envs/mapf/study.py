@@ -7,8 +7,8 @@ that no training pool uses. Rows: random actions, every agent on its own shortes
 (no coordination; the environment resolves conflicts), PIBT, prioritized planning
 (space-time A*), LaCAM (search over joint configurations), the centralized map policy (``+exp=mapf_map_policy``, trained
 at N=32 and applied at every N: it is size- and count-agnostic), and
-decentralized MAPPO (``+exp=mappo_mapf_random``, N=16 only: its actor input
-carries a 16-way agent id). Every method's joint actions run in ``MapfEnv``;
+decentralized MAPPO (``+exp=mappo_mapf_random``, trained at N=16 on local windows with the
+shortest-path channel, no agent ids, so applied at every N too). Every method's joint actions run in ``MapfEnv``;
 metrics as POGEMA defines them (``rlx.envs.mapf.env.MapfEnv.metrics``).
 """
 
@@ -90,7 +90,8 @@ def learned_metrics(loaded: dict[str, tuple], n: int, pool, drawn: list[tuple], 
     rows = {}
     for label, (acts, run) in loaded.items():
         observation = getattr(run.parts.env, "observation", "local")
-        if observation == "local" and run.parts.env.num_agents != n:
+        with_ids = getattr(run.parts.grid.configs[0], "agent_id", False) and observation != "map"
+        if with_ids and run.parts.env.num_agents != n:
             continue  # agent-id inputs fix the count
         env = MapfEnv(n, 5, "soft", on_target, pool, observation=observation)
         for mode, act in acts.items():
