@@ -189,13 +189,25 @@ CUSTOM = {"mapf_random": "rlx.envs.mapf.study", "mm_quoting": "rlx.envs.market.q
           "imagination_model_error": "rlx.imagination.model_error"}
 
 
-def reproduce(name: str, seeds: int | None, quick: bool, skip_training: bool = False) -> Path:
-    """Train, evaluate and write one experiment's table; ``seeds`` None: the experiment's own count."""
+def reproduce(name: str, seeds: int | None, quick: bool, skip_training: bool = False,
+              tasks: tuple[str, ...] | None = None) -> Path:
+    """Train, evaluate and write one experiment's table; ``seeds`` None: the experiment's own count.
+
+    ``tasks``: rerun only these tasks of a study that runs several (pbrl_feedback, pbrl_queries), keeping
+    the others' saved rows.
+    """
     if name in CUSTOM:
         import importlib
+        import inspect
 
         study = importlib.import_module(CUSTOM[name])
-        return study.reproduce(ROOT / "experiments" / getattr(study, "EXPERIMENT_DIR", name), quick, skip_training)
+        extra = {}
+        if tasks:
+            if "tasks" not in inspect.signature(study.reproduce).parameters:
+                raise SystemExit(f"--tasks: {name} has no tasks to choose from; it runs as a whole")
+            extra["tasks"] = tasks
+        return study.reproduce(ROOT / "experiments" / getattr(study, "EXPERIMENT_DIR", name), quick, skip_training,
+                               **extra)
     if name not in EXPERIMENTS:
         raise UnknownNameError("experiment", name, sorted({**EXPERIMENTS, **CUSTOM}))
     experiment = EXPERIMENTS[name]
@@ -233,13 +245,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip-training", action="store_true",
                         help="mapf_random, mm_quoting: evaluate the runs already in experiments/NAME/runs instead of "
                         "training; imagination_*: re-render the table from its saved json")
+    parser.add_argument("--tasks", default=None,
+                        help="pbrl_feedback, pbrl_queries: comma-separated tasks to rerun (e.g. Pendulum-v1); the "
+                        "other tasks' saved rows stay")
     args = parser.parse_args(argv)
     from rlx.runner import compile_cache
 
     compile_cache.set_xla_flags()  # studies that run JAX in this process need the same workaround as rlx.train
     compile_cache.enable(compile_cache.default_cache_dir())
     try:
-        reproduce(args.name, args.seeds, args.quick, args.skip_training)
+        reproduce(args.name, args.seeds, args.quick, args.skip_training,
+                  tuple(args.tasks.split(",")) if args.tasks else None)
     except UnknownNameError as error:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -1,5 +1,7 @@
 """The feedback-efficiency study (rlx/pbrl/feedback_study.py) on a tiny budget: its rows and its normalisation."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -45,6 +47,32 @@ def test_query_study_compares_aligned_queries_seed_by_seed():
     assert found[(25, "disagreement")]["difference"] > 0 and found[(25, "disagreement")]["not_worse"]
     worse = found[(50, "uniform")]  # 290 to 310 lower on every seed
     assert worse["difference"] == -300.0 and not worse["mean_holds"] and not worse["not_worse"]
-    table = query_study.markdown({"seeds": 3, "seconds": {"CartPole-v1": 60.0}, "tasks": {"CartPole-v1": rows}})
+    table = query_study.markdown({"seeds": {"CartPole-v1": 3}, "seconds": {"CartPole-v1": 60.0},
+                                  "tasks": {"CartPole-v1": rows}})
     assert "| 50 | uniform | -300.0 ± 11.3 | does not hold | does not hold |" in table
     assert "| query-aligned, 25 labels | 400.0 ± " in table and "| 1.00 |" in table
+    assert "### CartPole-v1 (3 seeds)" in table
+    older = query_study.markdown({"seeds": 3, "seconds": {"CartPole-v1": 60.0}, "tasks": {"CartPole-v1": rows}})
+    assert "### CartPole-v1 (3 seeds)" in older  # files written before seeds were counted per task
+
+
+def test_reproduce_reruns_only_the_named_tasks_of_studies_that_have_them(tmp_path, monkeypatch):
+    from rlx import reproduce
+    from rlx.pbrl import query_study
+
+    with pytest.raises(SystemExit, match="--tasks: mapf_random has no tasks to choose from"):
+        reproduce.reproduce("mapf_random", None, True, tasks=("Pendulum-v1",))
+    with pytest.raises(SystemExit, match="task 'Pendulum': valid: CartPole-v1, Acrobot-v1, Pendulum-v1"):
+        query_study.reproduce(tmp_path, True, False, tasks=("Pendulum",))
+    saved = {"seeds": 16, "seconds": {"CartPole-v1": 1.0}, "tasks": {"CartPole-v1": {"random": [1.0]}}}
+    (tmp_path / "queries_quick.json").write_text(json.dumps(saved))
+    ran = []
+    monkeypatch.setattr(query_study, "study_task", lambda task, settings, seeds, log: ran.append((task, seeds)) or {
+        "random": [0.0, 1.0], "PPO, true reward": [2.0, 3.0],
+        **{f"{s}, {b} labels": [1.0, 2.0] for s in ("uniform", "disagreement", "query-aligned") for b in (25, 50)}})
+    monkeypatch.setattr(query_study, "markdown", lambda saved: "table")
+    query_study.reproduce(tmp_path, True, False, tasks=("Pendulum-v1",))
+    kept = json.loads((tmp_path / "queries_quick.json").read_text())
+    assert ran == [("Pendulum-v1", 2)] and kept["seeds"] == {"CartPole-v1": 16, "Pendulum-v1": 2}
+    assert kept["tasks"]["CartPole-v1"] == {"random": [1.0]} and "Pendulum-v1" in kept["tasks"]
+    assert query_study.TASK_SEEDS["Pendulum-v1"] > query_study.SEEDS

@@ -3,7 +3,8 @@
 The feedback study's 5 seeds per row cannot tell the strategies apart at 25 and 50 labels: there a
 row's 95% interval is often 100+ return wide on CartPole and 400+ on Pendulum, because each seed
 either solves the task or does not. This study reruns just those rows (uniform, disagreement and
-query-policy-aligned queries, same task settings as ``feedback_study``) with 16 seeds, and compares
+query-policy-aligned queries, same task settings as ``feedback_study``) with 16 seeds (64 on
+Pendulum, whose per-seed returns spread from -150 to -1600 at these budgets), and compares
 query-aligned selection with each other strategy seed by seed (the same seed keys train every
 strategy). "At least as good" is judged twice: on the means, and as "not significantly worse" (the
 95% interval of the mean per-seed difference reaches zero or above). Writes
@@ -23,6 +24,7 @@ from rlx.pbrl import feedback_study
 EXPERIMENT_DIR = feedback_study.EXPERIMENT_DIR
 BUDGETS = (25, 50)
 SEEDS = 16
+TASK_SEEDS = {"Pendulum-v1": 64}  # tasks that need more than SEEDS to tell the strategies apart
 ALIGNED = "query-aligned"
 
 
@@ -58,16 +60,22 @@ def comparisons(rows: dict) -> list[dict]:
     return found
 
 
+def task_seeds(saved: dict, task: str) -> int:
+    """Seeds of one task's rows (older files keep one count for every task)."""
+    seeds = saved["seeds"]
+    return seeds[task] if isinstance(seeds, dict) else seeds
+
+
 def markdown(saved: dict) -> str:
-    results, seeds, seconds = saved["tasks"], saved["seeds"], sum(saved["seconds"].values())
+    results, seconds = saved["tasks"], sum(saved["seconds"].values())
     lines = [f"Measured {time.strftime('%Y-%m-%d')} by `python -m rlx.reproduce pbrl_queries` "
              f"({seconds / 60:.0f} min of training on this machine): greedy evaluation return "
-             f"({feedback_study.EVAL_EPISODES} episodes per seed), {seeds} seeds, oracle teacher, the feedback "
+             f"({feedback_study.EVAL_EPISODES} episodes per seed), oracle teacher, the feedback "
              "study's settings per task. Differences are query-aligned minus the other strategy, seed by seed "
              "(mean ± 95% interval).", ""]
     for task, rows in results.items():
         low, high = np.mean(rows["random"]), np.mean(rows["PPO, true reward"])
-        lines += [f"### {task}", "", "| agent | return (mean ± 95% CI) | normalized | per seed: min, median, max |",
+        lines += [f"### {task} ({task_seeds(saved, task)} seeds)", "", "| agent | return (mean ± 95% CI) | normalized | per seed: min, median, max |",
                   "|---|---:|---:|---|"]
         for label, returns in rows.items():
             returns = np.asarray(returns)
@@ -84,20 +92,30 @@ def markdown(saved: dict) -> str:
     return "\n".join(lines)
 
 
-def reproduce(out: Path, quick: bool, skip_training: bool, seeds: int = SEEDS, tasks: tuple | None = None) -> Path:
-    """Run the study task by task (the files are rewritten after each) and return ``queries.md``."""
+def reproduce(out: Path, quick: bool, skip_training: bool, seeds: int | None = None,
+              tasks: tuple | None = None) -> Path:
+    """Run the study task by task (the files are rewritten after each) and return ``queries.md``.
+
+    ``seeds``: one count for every task (default: ``SEEDS``, or the task's ``TASK_SEEDS``);
+    ``tasks``: rerun only these, keeping the other tasks' saved rows.
+    """
     out.mkdir(parents=True, exist_ok=True)
     configs = feedback_study.task_configs(quick)
     suffix = "_quick" if quick else ""
     path, saved = out / f"queries{suffix}.md", out / f"queries{suffix}.json"
-    seeds = 2 if quick else seeds
     if skip_training and not saved.is_file():
         raise SystemExit(f"{saved}: nothing to re-render; run without --skip-training first")
     keep = (tasks or skip_training) and saved.is_file()
-    results = json.loads(saved.read_text()) if keep else {"seeds": seeds, "tasks": {}, "seconds": {}}
+    results = json.loads(saved.read_text()) if keep else {"seeds": {}, "tasks": {}, "seconds": {}}
+    if not isinstance(results["seeds"], dict):  # an older file: one count for every task
+        results["seeds"] = {task: results["seeds"] for task in results["tasks"]}
     for task in ([] if skip_training else tasks or configs):
+        if task not in configs:
+            raise SystemExit(f"task {task!r}: valid: {', '.join(configs)}")
+        count = 2 if quick else seeds or TASK_SEEDS.get(task, SEEDS)
         started = time.time()
-        results["tasks"][task] = study_task(task, configs[task], seeds, print)
+        results["tasks"][task] = study_task(task, configs[task], count, print)
+        results["seeds"][task] = count
         results["seconds"][task] = time.time() - started
         saved.write_text(json.dumps(results, indent=1))
         path.write_text(markdown(results))

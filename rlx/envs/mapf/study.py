@@ -198,6 +198,6 @@ def render_lifelong(rows: dict, maps: int) -> str:
     for label, value in rows.items():
         lines.append(f"| {label} | {value['mean']:.2f} ± {value['std']:.2f} | "
                      f"{value['mean'] / LIFELONG_AGENTS:.3f} |")
-    lines += ["", "The learned policies were trained in `nothing` mode at N=32 (map policy) and are applied "
-              "here unchanged: their map inputs show each agent's current goal."]
+    lines += ["", "The learned policies were trained in `nothing` mode (the map policy at N=32, MAPPO at N=16) and "
+              "are applied here unchanged: their inputs show each agent's current goal."]
     return "\n".join(lines) + "\n"
