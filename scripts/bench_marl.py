@@ -4,6 +4,7 @@ Usage::
 
     .venv/bin/python scripts/bench_marl.py [--envs 16,128,1024] [--quick]
                                            [--jaxmarl-repo PATH] [--skip-jaxmarl-mappo]
+    .venv/bin/python scripts/bench_marl.py --breakdown 1024   # where one update's time goes
 
 For each number of parallel environments E (16, 128, 1024), in ONE process on the same machine:
 
@@ -113,6 +114,41 @@ def jaxmarl_mappo(repo: Path, num_envs: int, updates: int, repeats: int) -> tupl
     return compile_s, run_s, num_envs * NUM_STEPS * updates
 
 
+def breakdown(num_envs: int, repeats: int) -> list[str]:
+    """Where a feed-forward MAPPO update's time goes: markdown rows of env steps/s for stepping alone
+    (JaxMARL's, then our adapter's with the world states the critic reads), MAPPO's rollout with its
+    networks, and the whole update (rollout, GAE, 4 epochs x 4 minibatches)."""
+    from rlx.agents import mappo
+    from rlx.envs import registry
+
+    env, params = registry.make("mpe_spread")
+    steps = num_envs * NUM_STEPS
+
+    def adapter_stepping(key):
+        _, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(key, num_envs), params)
+
+        def step(carry, _):
+            state, key = carry
+            key, action_key, step_key = jax.random.split(key, 3)
+            actions = jax.random.randint(action_key, (num_envs, NUM_AGENTS), 0, 5)
+            _, state, reward, _, _, info = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
+                jax.random.split(step_key, num_envs), state, actions, params)
+            world = jax.vmap(env.world_state, in_axes=(0, None))(state, params)
+            return (state, key), reward.sum() + world.sum() + info["final_world_state"].sum()
+
+        return jax.lax.scan(step, (state, key), None, NUM_STEPS)[1].sum()
+
+    config = mappo.Config(lr=2e-3, num_envs=num_envs, num_steps=NUM_STEPS, num_epochs=4, num_minibatches=4,
+                          total_timesteps=steps)
+    agent = mappo.make(config, env, params)
+    state = jax.jit(agent.init)(jax.random.PRNGKey(0))
+    parts = [("JaxMARL's stepping, random actions", raw_stepping(num_envs, repeats)[1]),
+             ("rlx adapter's stepping with world states", timed(adapter_stepping, jax.random.PRNGKey(0), repeats=repeats)[1]),
+             ("MAPPO rollout (networks included)", timed(lambda s: agent.collect(s)[1].reward.sum(), state, repeats=repeats)[1]),
+             ("MAPPO update (rollout + learning)", timed(lambda s: agent.update(s)[1]["loss"], state, repeats=repeats)[1])]
+    return [f"| {label} | {rate(steps, seconds)} |" for label, seconds in parts]
+
+
 def rate(steps: int, seconds: float) -> str:
     return f"{steps / seconds:,.0f}"
 
@@ -126,7 +162,13 @@ def main(argv=None) -> None:
                         help="a JaxMARL checkout (outside the package) holding baselines/MAPPO")
     parser.add_argument("--skip-jaxmarl-mappo", action="store_true")
     parser.add_argument("--quick", action="store_true", help="16 and 128 envs, 1 update, 1 repeat: plumbing only")
+    parser.add_argument("--breakdown", type=int, default=None, metavar="ENVS",
+                        help="only time the parts of a feed-forward MAPPO update at ENVS parallel envs")
     args = parser.parse_args(argv)
+    if args.breakdown:
+        print(f"| {args.breakdown} envs x {NUM_STEPS} steps, MAPPO 64x64 | env steps/s |\n|---|---:|")
+        print("\n".join(breakdown(args.breakdown, args.repeats)))
+        return
     envs = [int(e) for e in args.envs.split(",")]
     updates = [int(u) for u in args.updates.split(",")]
     if args.quick:
