@@ -52,6 +52,9 @@ def test_query_study_compares_aligned_queries_seed_by_seed():
     assert "| 50 | uniform | -300.0 ± 11.3 | does not hold | does not hold |" in table
     assert "| query-aligned, 25 labels | 400.0 ± " in table and "| 1.00 |" in table
     assert "### CartPole-v1 (3 seeds)" in table
+    dated = query_study.markdown({"seeds": {"CartPole-v1": 3}, "seconds": {"CartPole-v1": 60.0},
+                                  "measured": {"CartPole-v1": "2026-12-01"}, "tasks": {"CartPole-v1": rows}})
+    assert "### CartPole-v1 (3 seeds, 2026-12-01)" in dated
     older = query_study.markdown({"seeds": 3, "seconds": {"CartPole-v1": 60.0}, "tasks": {"CartPole-v1": rows}})
     assert "### CartPole-v1 (3 seeds)" in older  # files written before seeds were counted per task
 
@@ -74,5 +77,6 @@ def test_reproduce_reruns_only_the_named_tasks_of_studies_that_have_them(tmp_pat
     query_study.reproduce(tmp_path, True, False, tasks=("Pendulum-v1",))
     kept = json.loads((tmp_path / "queries_quick.json").read_text())
     assert ran == [("Pendulum-v1", 2)] and kept["seeds"] == {"CartPole-v1": 16, "Pendulum-v1": 2}
+    assert list(kept["measured"]) == ["Pendulum-v1"]  # the date of the rows just run
     assert kept["tasks"]["CartPole-v1"] == {"random": [1.0]} and "Pendulum-v1" in kept["tasks"]
     assert query_study.TASK_SEEDS["Pendulum-v1"] > query_study.SEEDS

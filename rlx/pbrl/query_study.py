@@ -68,14 +68,15 @@ def task_seeds(saved: dict, task: str) -> int:
 
 def markdown(saved: dict) -> str:
     results, seconds = saved["tasks"], sum(saved["seconds"].values())
-    lines = [f"Measured {time.strftime('%Y-%m-%d')} by `python -m rlx.reproduce pbrl_queries` "
-             f"({seconds / 60:.0f} min of training on this machine): greedy evaluation return "
+    lines = [f"Measured by `python -m rlx.reproduce pbrl_queries` "
+             f"({seconds / 60:.0f} min of training on this machine; each task's date in its heading): greedy evaluation return "
              f"({feedback_study.EVAL_EPISODES} episodes per seed), oracle teacher, the feedback "
              "study's settings per task. Differences are query-aligned minus the other strategy, seed by seed "
              "(mean ± 95% interval).", ""]
     for task, rows in results.items():
         low, high = np.mean(rows["random"]), np.mean(rows["PPO, true reward"])
-        lines += [f"### {task} ({task_seeds(saved, task)} seeds)", "", "| agent | return (mean ± 95% CI) | normalized | per seed: min, median, max |",
+        measured = saved.get("measured", {}).get(task)
+        lines += [f"### {task} ({task_seeds(saved, task)} seeds{f', {measured}' if measured else ''})", "", "| agent | return (mean ± 95% CI) | normalized | per seed: min, median, max |",
                   "|---|---:|---:|---|"]
         for label, returns in rows.items():
             returns = np.asarray(returns)
@@ -116,6 +117,7 @@ def reproduce(out: Path, quick: bool, skip_training: bool, seeds: int | None = N
         started = time.time()
         results["tasks"][task] = study_task(task, configs[task], count, print)
         results["seeds"][task] = count
+        results.setdefault("measured", {})[task] = time.strftime("%Y-%m-%d")
         results["seconds"][task] = time.time() - started
         saved.write_text(json.dumps(results, indent=1))
         path.write_text(markdown(results))
