@@ -257,7 +257,6 @@ def test_every_mapf_layout_builds_and_steps(tmp_path):
 # -- learning ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_mappo_with_the_path_channel_solves_small_unseen_instances(optimised):
     """Decentralized MAPPO on 4-agent 8x8 maps (``local_path`` windows, progress reward, no agent ids)
     solves most unseen instances at once; random agents solve none. The experiment at full size is
