@@ -74,7 +74,7 @@ class MapfParams:
     random_goals: bool = struct.field(pytree_node=False, default=False)
     max_steps_in_episode: int = 64
     expert_actions: jax.Array | None = None  # int8[M, T, N]: an expert's joint actions (0 after it is done)
-    goal_distances: jax.Array | None = None  # int32[M, N, H, W]: distance fields to the first goals (optional cache)
+    goal_distances: jax.Array | None = None  # int16[M, N, H, W]: distance fields to the first goals (optional cache)
 
 
 @struct.dataclass
@@ -172,7 +172,7 @@ class MapfEnv(MultiAgentEnv):
         blocked = params.blocked[state.instance]
         size = params.sizes[state.instance]
         positions = move(self.collision_system, blocked, size, state.positions, actions, state.active)
-        progress = self._progress(state, positions)
+        progress = self._progress(state, positions) if self.progress_reward > 0 else 0.0
         time = state.time + 1
         present = params.agent_mask[state.instance]
         on_goal = jnp.all(positions == state.goals, axis=-1) & present
@@ -196,14 +196,11 @@ class MapfEnv(MultiAgentEnv):
             terminated = ~present
             on_goal = jnp.all(positions == state.goals, axis=-1) & present  # the new goals, as POGEMA reports
         info = {"on_goal": on_goal, **self.metrics(state, params)}
-        if self.progress_reward > 0:
-            rewards = rewards + self.progress_reward * progress
+        rewards = rewards + self.progress_reward * progress
         return self.observations(state, params), state, rewards, terminated, info
 
     def _progress(self, state: MapfState, positions) -> jax.Array:
         """``float32[N]``: how much each acting agent's move shortened its path to its goal (+1, 0 or -1)."""
-        if not self.needs_distances:
-            return jnp.zeros(self.num_agents, jnp.float32)
         index = jnp.arange(self.num_agents)
         before = state.distances[index, state.positions[:, 0], state.positions[:, 1]]
         after = state.distances[index, positions[:, 0], positions[:, 1]]
