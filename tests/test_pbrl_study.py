@@ -67,6 +67,8 @@ def test_reproduce_reruns_only_the_named_tasks_of_studies_that_have_them(tmp_pat
         reproduce.reproduce("mapf_random", None, True, tasks=("Pendulum-v1",))
     with pytest.raises(SystemExit, match="task 'Pendulum': valid: CartPole-v1, Acrobot-v1, Pendulum-v1"):
         query_study.reproduce(tmp_path, True, False, tasks=("Pendulum",))
+    with pytest.raises(SystemExit, match="task 'Pendulum': valid: CartPole-v1, Acrobot-v1, Pendulum-v1"):
+        reproduce.reproduce("pbrl_feedback", None, True, tasks=("CartPole-v1", "Pendulum"))  # before any training
     saved = {"seeds": 16, "seconds": {"CartPole-v1": 1.0}, "tasks": {"CartPole-v1": {"random": [1.0]}}}
     (tmp_path / "queries_quick.json").write_text(json.dumps(saved))
     ran = []

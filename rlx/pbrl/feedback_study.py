@@ -180,6 +180,13 @@ def rerun_strategies(saved: dict, task: str, settings: dict, strategies: tuple, 
     return rows
 
 
+def check_tasks(tasks: tuple | None, configs: dict) -> None:
+    """Stop before any training when ``tasks`` names one the study does not run, listing the valid ones."""
+    for task in tasks or ():
+        if task not in configs:
+            raise SystemExit(f"task {task!r}: valid: {', '.join(configs)}")
+
+
 def reproduce(out: Path, quick: bool, skip_training: bool, seeds: int = 5, tasks: tuple | None = None,
               strategies: tuple | None = None) -> Path:
     """Run the study and write ``feedback.md`` / ``feedback.json`` into ``out`` (``_quick`` files for ``quick``).
@@ -188,6 +195,7 @@ def reproduce(out: Path, quick: bool, skip_training: bool, seeds: int = 5, tasks
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     configs = task_configs(quick)
+    check_tasks(tasks, configs)
     suffix = "_quick" if quick else ""
     path, saved = out / f"feedback{suffix}.md", out / f"feedback{suffix}.json"
     keep = (tasks or strategies) and saved.is_file()

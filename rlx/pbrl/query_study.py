@@ -60,24 +60,24 @@ def comparisons(rows: dict) -> list[dict]:
     return found
 
 
-def task_seeds(saved: dict, task: str) -> int:
-    """Seeds of one task's rows (older files keep one count for every task)."""
+def seeds_by_task(saved: dict) -> dict:
+    """``{task: seeds}`` of a saved study (older files keep one count for every task)."""
     seeds = saved["seeds"]
-    return seeds[task] if isinstance(seeds, dict) else seeds
+    return seeds if isinstance(seeds, dict) else {task: seeds for task in saved["tasks"]}
 
 
 def markdown(saved: dict) -> str:
-    results, seconds = saved["tasks"], sum(saved["seconds"].values())
-    lines = [f"Measured by `python -m rlx.reproduce pbrl_queries` "
-             f"({seconds / 60:.0f} min of training on this machine; each task's date in its heading): greedy evaluation return "
+    results, seconds, seeds = saved["tasks"], sum(saved["seconds"].values()), seeds_by_task(saved)
+    lines = [f"Measured by `python -m rlx.reproduce pbrl_queries` ({seconds / 60:.0f} min of training on this "
+             "machine; each task's date in its heading): greedy evaluation return "
              f"({feedback_study.EVAL_EPISODES} episodes per seed), oracle teacher, the feedback "
              "study's settings per task. Differences are query-aligned minus the other strategy, seed by seed "
              "(mean ± 95% interval).", ""]
     for task, rows in results.items():
         low, high = np.mean(rows["random"]), np.mean(rows["PPO, true reward"])
         measured = saved.get("measured", {}).get(task)
-        lines += [f"### {task} ({task_seeds(saved, task)} seeds{f', {measured}' if measured else ''})", "", "| agent | return (mean ± 95% CI) | normalized | per seed: min, median, max |",
-                  "|---|---:|---:|---|"]
+        lines += [f"### {task} ({seeds[task]} seeds{f', {measured}' if measured else ''})", "",
+                  "| agent | return (mean ± 95% CI) | normalized | per seed: min, median, max |", "|---|---:|---:|---|"]
         for label, returns in rows.items():
             returns = np.asarray(returns)
             lines.append(f"| {label} | {returns.mean():.1f} ± {feedback_study.interval(returns):.1f} | "
@@ -102,17 +102,15 @@ def reproduce(out: Path, quick: bool, skip_training: bool, seeds: int | None = N
     """
     out.mkdir(parents=True, exist_ok=True)
     configs = feedback_study.task_configs(quick)
+    feedback_study.check_tasks(tasks, configs)
     suffix = "_quick" if quick else ""
     path, saved = out / f"queries{suffix}.md", out / f"queries{suffix}.json"
     if skip_training and not saved.is_file():
         raise SystemExit(f"{saved}: nothing to re-render; run without --skip-training first")
     keep = (tasks or skip_training) and saved.is_file()
     results = json.loads(saved.read_text()) if keep else {"seeds": {}, "tasks": {}, "seconds": {}}
-    if not isinstance(results["seeds"], dict):  # an older file: one count for every task
-        results["seeds"] = {task: results["seeds"] for task in results["tasks"]}
+    results["seeds"] = seeds_by_task(results)
     for task in ([] if skip_training else tasks or configs):
-        if task not in configs:
-            raise SystemExit(f"task {task!r}: valid: {', '.join(configs)}")
         count = 2 if quick else seeds or TASK_SEEDS.get(task, SEEDS)
         started = time.time()
         results["tasks"][task] = study_task(task, configs[task], count, print)
