@@ -343,6 +343,8 @@ def test_update_and_recurrent_act_run_under_jit():
         (dict(dream_noise=-1.0), "dream_noise=-1.0: must be >= 0"),
         (dict(horizon=0), "horizon=0: must be >= 1"),
         (dict(total_timesteps=10), "total_timesteps=10: must be >= one batch"),
+        (dict(world_model="cnn"), "world_model='cnn': must be one of ['mlp', 'conv']"),
+        (dict(imagine_starts=10_000), "imagine_starts=10000: must be in [0, batch_size*seq_len=512]"),
     ],
 )
 def test_validate_names_field_value_and_rule(overrides, message):
@@ -363,6 +365,71 @@ def test_defaults_are_valid_and_continuous_actions_are_rejected():
 
     with pytest.raises(ValueError, match="discrete action space"):
         dreamer.validate_for_env(config, Continuous(), CountParams())
+    with pytest.raises(ValueError, match=r"world_model='conv': needs \(H, W, C\) grid observations"):
+        dreamer.validate_for_env(config.replace(world_model="conv"), Counter(), CountParams())
+
+
+# --------------------------------------------------------------------------- the spatial (conv) world model
+
+
+def conv_model(grid=(9, 9, 3), deter=4, latents=1, classes=3):
+    model = dreamer.ConvWorldModel(grid, 4, deter, 16, 8, latents, classes)
+    cells = grid[0] * grid[1]
+    h = jnp.zeros(cells * deter)
+    z = jnp.zeros(cells * latents * classes)
+    params = model.init(jax.random.PRNGKey(0), jnp.zeros(cells * grid[2]), h, z, jnp.zeros(4))
+    return model, params
+
+
+def test_conv_world_model_step_is_the_same_function_at_every_cell():
+    """Shifting the grid's content by one cell shifts the next deterministic state (away from the border):
+    one set of weights moves things the same way on every cell, so a move learnt in one place holds everywhere."""
+    model, params = conv_model()
+    rng = np.random.default_rng(0)
+    h = rng.normal(size=(9, 9, 4)).astype(np.float32)
+    z = np.eye(3, dtype=np.float32)[rng.integers(0, 3, size=(9, 9))]
+    h[-1], h[:, -1], z[-1], z[:, -1] = 0, 0, 0, 0  # nothing wraps around in the roll below
+    action = jax.nn.one_hot(2, 4)
+
+    def step(h, z):
+        return np.asarray(model.apply(params, jnp.asarray(h).ravel(), jnp.asarray(z).ravel(), action,
+                                      method="core")).reshape(9, 9, 4)
+
+    before = step(h, z)
+    after = step(np.roll(h, (1, 1), (0, 1)), np.roll(z, (1, 1), (0, 1)))
+    # cells whose 3x3 neighbourhood lies inside the grid both times
+    np.testing.assert_allclose(after[2:8, 2:8], before[1:7, 1:7], atol=1e-5)
+    assert np.abs(before[1:7, 1:7]).max() > 1e-3  # and the step is not trivially zero
+
+
+def test_conv_world_model_shapes_and_flat_interface():
+    model, params = conv_model(grid=(5, 7, 2), deter=3, latents=2, classes=4)
+    batch = (6,)
+    h, z = jnp.zeros(batch + (35 * 3,)), jnp.zeros(batch + (35 * 2 * 4,))
+    embed = model.apply(params, jnp.ones(batch + (70,)), method="encode")
+    assert model.apply(params, h, z, jnp.zeros(batch + (4,)), method="core").shape == h.shape
+    assert model.apply(params, h, method="prior").shape == batch + (70, 4)
+    assert model.apply(params, h, embed, method="posterior").shape == batch + (70, 4)
+    obs, reward, cont = model.apply(params, jnp.concatenate([h, z], -1), method="heads")
+    assert obs.shape == batch + (70,) and reward.shape == batch and cont.shape == batch
+
+
+def test_conv_world_model_trains_on_the_maze_and_imagines_from_a_subset_of_starts():
+    from rlx.envs.maze import ProceduralMaze
+
+    env = ProceduralMaze()
+    params = env.default_params.replace(num_levels=4)
+    config = dreamer.Config(world_model="conv", deter_size=4, num_latents=1, num_classes=4, conv_hidden=8,
+                            hidden_size=16, num_envs=2, num_steps=16, batch_size=2, seq_len=8, imagine_starts=5,
+                            train_ratio=1 / 32, capacity_steps=64, total_timesteps=64)
+    dreamer.validate(config)
+    agent = dreamer.make(config, env, params)
+    state, metrics = jax.jit(lambda k: jax.lax.scan(lambda s, _: agent.update(s), agent.init(k), None, 4))(
+        jax.random.PRNGKey(0))
+    assert all(np.isfinite(np.asarray(v)).all() for v in metrics.values())
+    assert state.learner.model is not None
+    starts = agent.start_states(state, jax.random.PRNGKey(1))
+    assert starts.deter.shape == (2 * 8, 81 * 4) and starts.stoch.shape == (2 * 8, 81 * 4)
 
 
 @pytest.mark.slow  # ~40 s; the fast suite runs dreamer.py alone briefly, the `slow` vendoring demo to a threshold
@@ -372,3 +439,28 @@ def test_cartpole_learns():
     state, metrics = dreamer.train(config, env, env.default_params, jax.random.PRNGKey(0))
     returns = np.asarray(metrics["train_return"])
     assert returns[-5:].mean() > 60, returns
+
+
+@pytest.mark.slow  # ~3 min: 1,200 gradient steps of the maze study's world model
+def test_conv_world_model_predicts_maze_moves_better_than_copying_the_last_frame():
+    """The generalization study's world model, on its random-policy data (64 levels): after 1,200 steps the
+    one-step prior prediction beats copying the last observation by 2x (the flat MLP model had not beaten
+    it after 2,500)."""
+    from rlx.envs import registry
+    from rlx.imagination import generalization as study
+    from rlx.runner.loop import build_agent_config
+
+    env, _ = registry.make("maze", None)
+    config = build_agent_config(dreamer, study.DREAMER)
+    agent = dreamer.make(config, env, study.level_params(env, 64))
+
+    def run(key):
+        keys = tuple(jax.random.split(key, 3))
+        _, metrics, data = study.train_on_random_experience(agent, keys, 1200, study.REAL_STEPS)
+        flat = data.obs.reshape(data.obs.shape[:2] + (-1,))
+        same_episode = 1.0 - data.is_first[1:]
+        copy_error = (((flat[1:] - flat[:-1]) ** 2).mean(-1) * same_episode).sum() / same_episode.sum()
+        return metrics["model_error_1step"][-100:].mean(), copy_error
+
+    model_error, copy_error = jax.jit(run)(jax.random.PRNGKey(64))
+    assert float(model_error) < 0.5 * float(copy_error), (float(model_error), float(copy_error))

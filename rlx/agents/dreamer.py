@@ -140,6 +140,7 @@ from flax import struct
 
 METRICS_MAY_BE_NAN = ()
 ACTOR_SOURCES = ("imagination", "replay")
+WORLD_MODELS = ("mlp", "conv")
 
 
 def static(default):
@@ -194,6 +195,9 @@ class Config:
     num_latents: int = static(8)
     num_classes: int = static(8)
     actor_source: str = static("imagination")
+    world_model: str = static("mlp")  # "mlp", or "conv": a spatial RSSM for (H, W, C) grids
+    conv_hidden: int = static(32)  # "conv": width of its 3x3 and per-cell layers
+    imagine_starts: int = static(0)  # imagined rollouts per gradient step (0: one per posterior state)
 
     @property
     def real_steps_per_update(self) -> int:
@@ -262,6 +266,10 @@ def validate(config: Config) -> None:
         ("num_latents", config.num_latents >= 1, "must be >= 1"),
         ("num_classes", config.num_classes >= 2, "must be >= 2"),
         ("actor_source", config.actor_source in ACTOR_SOURCES, f"must be one of {list(ACTOR_SOURCES)}"),
+        ("world_model", config.world_model in WORLD_MODELS, f"must be one of {list(WORLD_MODELS)}"),
+        ("conv_hidden", config.conv_hidden >= 1, "must be >= 1"),
+        ("imagine_starts", 0 <= config.imagine_starts <= config.batch_size * config.seq_len,
+         f"must be in [0, batch_size*seq_len={config.batch_size * config.seq_len}] (0: every posterior state)"),
     ]
     for field, ok, rule in rules:
         if not ok:
@@ -278,6 +286,9 @@ def validate_for_env(config: Config, env, env_params) -> None:
     if len(shape) not in (1, 3):
         raise ValueError(f"name='dreamer': needs vector or (H, W, C) observations; this environment's have shape "
                          f"{shape}")
+    if config.world_model == "conv" and len(shape) != 3:
+        raise ValueError(f"world_model='conv': needs (H, W, C) grid observations; this environment's have shape "
+                         f"{shape} (use world_model=mlp)")
 
 
 # --------------------------------------------------------------------------- pure pieces
@@ -499,6 +510,93 @@ class WorldModel(nn.Module):
         return self.decoder(feat), self.reward_head(feat)[..., 0], self.cont_head(feat)[..., 0]
 
 
+def neighbourhoods(x):
+    """``[..., H, W, C] -> [..., H, W, 9C]``: each cell's 3x3 neighbourhood (zeros beyond the grid).
+
+    A dense layer on these is a 3x3 convolution; XLA's CPU backend runs it faster than ``nn.Conv``.
+    """
+    pad = [(0, 0)] * (x.ndim - 3) + [(1, 1), (1, 1), (0, 0)]
+    padded = jnp.pad(x, pad)
+    height, width = x.shape[-3], x.shape[-2]
+    return jnp.concatenate([padded[..., r:r + height, c:c + width, :] for r in range(3) for c in range(3)], -1)
+
+
+class ConvWorldModel(nn.Module):
+    """A spatial RSSM for ``(H, W, C)`` grids: every cell has its own deterministic state and categoricals.
+
+    Same interface as ``WorldModel`` (flat vectors in and out), so imagination, the actor-critic and the
+    dream augmentations do not change. A step is local: one 3x3 layer reads each cell's neighbourhood of
+    ``[h, z, action]`` and a per-cell GRU updates ``h``, so moving an object one cell is a shift the same
+    weights make everywhere, on any level (a flat MLP has to learn it for each position separately).
+    Prior, posterior and decoder work per cell; the reward and continuation heads pool per-cell features
+    (max and mean over the grid), since an event such as "the agent stands on the goal" happens in one cell.
+    """
+
+    grid: tuple  # (H, W, C)
+    action_dim: int
+    deter: int  # channels of h per cell
+    hidden: int  # width of the MLP parts of the heads
+    conv_hidden: int
+    latents: int  # categoricals per cell
+    classes: int
+
+    def setup(self):
+        self.encoder_in = nn.Dense(self.conv_hidden)
+        self.encoder_out = nn.Dense(self.conv_hidden)
+        self.img_in = nn.Dense(self.conv_hidden)
+        self.img_norm = nn.LayerNorm()
+        self.gru = nn.Dense(3 * self.deter)
+        self.gru_norm = nn.LayerNorm()
+        self.prior_net = MLP(self.conv_hidden, 1, self.latents * self.classes)
+        self.post_net = MLP(self.conv_hidden, 1, self.latents * self.classes)
+        self.decoder = MLP(self.conv_hidden, 1, self.grid[2])
+        self.event_net = nn.Dense(self.conv_hidden)
+        self.reward_head = MLP(self.hidden, 1, 1, zero_out=True)
+        self.cont_head = MLP(self.hidden, 1, 1)
+
+    def __call__(self, obs, deter, stoch, action):
+        embed = self.encode(obs)
+        deter = self.core(deter, stoch, action)
+        return self.prior(deter), self.posterior(deter, embed), self.heads(jnp.concatenate([deter, stoch], -1))
+
+    def cells(self, x):
+        return x.reshape(x.shape[:-1] + self.grid[:2] + (-1,))
+
+    def flat(self, x):
+        return x.reshape(x.shape[:-3] + (-1,))
+
+    def encode(self, obs):
+        x = nn.silu(self.encoder_in(neighbourhoods(self.cells(symlog(obs)))))
+        return self.flat(self.encoder_out(x))
+
+    def core(self, deter, stoch, action_onehot):
+        """``h' = f(h, z, a)`` per cell, reading the 3x3 neighbourhood of ``[h, z, a]``."""
+        h, z = self.cells(deter), self.cells(stoch)
+        a = jnp.broadcast_to(action_onehot[..., None, None, :], h.shape[:-1] + (self.action_dim,))
+        x = nn.silu(self.img_norm(self.img_in(neighbourhoods(jnp.concatenate([h, z, a], -1)))))
+        parts = self.gru_norm(self.gru(jnp.concatenate([x, h], -1)))
+        reset, cand, update = jnp.split(parts, 3, -1)
+        cand = jnp.tanh(jax.nn.sigmoid(reset) * cand)
+        update = jax.nn.sigmoid(update - 1.0)
+        return self.flat(update * cand + (1.0 - update) * h)
+
+    def prior(self, deter):
+        out = self.prior_net(self.cells(deter))
+        return out.reshape(deter.shape[:-1] + (-1, self.classes))
+
+    def posterior(self, deter, embed):
+        out = self.post_net(jnp.concatenate([self.cells(deter), self.cells(embed)], -1))
+        return out.reshape(deter.shape[:-1] + (-1, self.classes))
+
+    def heads(self, feat):
+        """``(symlog obs [..., H*W*C], symlog reward [...], continuation logit [...])``."""
+        split = int(np.prod(self.grid[:2])) * self.deter
+        x = jnp.concatenate([self.cells(feat[..., :split]), self.cells(feat[..., split:])], -1)
+        events = nn.silu(self.event_net(x))
+        pooled = jnp.concatenate([events.max((-3, -2)), events.mean((-3, -2))], -1)
+        return self.flat(self.decoder(x)), self.reward_head(pooled)[..., 0], self.cont_head(pooled)[..., 0]
+
+
 class Actor(nn.Module):
     hidden: int
     layers: int
@@ -629,12 +727,20 @@ def make(config: Config, env, env_params) -> Agent:
     obs_shape = tuple(env.observation_space(env_params).shape)
     obs_dim = int(np.prod(obs_shape))
     obs_axes = len(obs_shape)
-    latents, classes = config.num_latents, config.num_classes
-    world = WorldModel(obs_dim, action_dim, config.deter_size, config.hidden_size, config.mlp_layers, latents,
-                       classes)
+    classes = config.num_classes
+    if config.world_model == "conv":  # deter_size and num_latents count per cell
+        cells = obs_shape[0] * obs_shape[1]
+        world = ConvWorldModel(obs_shape, action_dim, config.deter_size, config.hidden_size, config.conv_hidden,
+                               config.num_latents, classes)
+        deter_dim, latents = cells * config.deter_size, cells * config.num_latents
+    else:
+        world = WorldModel(obs_dim, action_dim, config.deter_size, config.hidden_size, config.mlp_layers,
+                           config.num_latents, classes)
+        deter_dim, latents = config.deter_size, config.num_latents
+    stoch_dim = latents * classes
     actor_net = Actor(config.hidden_size, config.mlp_layers, action_dim)
     critic_net = Critic(config.hidden_size, config.mlp_layers)
-    feat_dim = config.deter_size + config.stoch_size
+    feat_dim = deter_dim + stoch_dim
     grad_steps = config.grad_steps
     sg = jax.lax.stop_gradient
 
@@ -651,7 +757,7 @@ def make(config: Config, env, env_params) -> Agent:
         return jnp.concatenate([latent.deter, latent.stoch], -1)
 
     def zeros_latent(batch_shape):
-        return Latent(jnp.zeros(batch_shape + (config.deter_size,)), jnp.zeros(batch_shape + (config.stoch_size,)))
+        return Latent(jnp.zeros(batch_shape + (deter_dim,)), jnp.zeros(batch_shape + (stoch_dim,)))
 
     def mixed(logits):
         return unimix_logits(logits, config.unimix)
@@ -661,9 +767,9 @@ def make(config: Config, env, env_params) -> Agent:
         keep = (1.0 - reset.astype(jnp.float32))[..., None]
         latent = Latent(latent.deter * keep, latent.stoch * keep)
         onehot = jax.nn.one_hot(action, action_dim) * keep
-        deter = world.apply(params, latent.deter, latent.stoch, onehot, method=WorldModel.core)
-        logits = mixed(world.apply(params, deter, embed, method=WorldModel.posterior))
-        stoch = sample_onehot(key, logits).reshape(deter.shape[:-1] + (config.stoch_size,))
+        deter = world.apply(params, latent.deter, latent.stoch, onehot, method="core")
+        logits = mixed(world.apply(params, deter, embed, method="posterior"))
+        stoch = sample_onehot(key, logits).reshape(deter.shape[:-1] + (stoch_dim,))
         return Latent(deter, stoch), logits
 
     # ------------------------------------------------------------------ acting
@@ -675,7 +781,7 @@ def make(config: Config, env, env_params) -> Agent:
     def act(policy: Policy, carry: Carry, obs, reset, key, greedy: bool = False):
         """Read ``obs`` (memory zeroed where ``reset``) and pick an action; returns ``(carry, action)``."""
         post_key, act_key = jax.random.split(key)
-        embed = world.apply(policy.model, flat(obs), method=WorldModel.encode)
+        embed = world.apply(policy.model, flat(obs), method="encode")
         latent, _ = posterior_step(policy.model, carry.latent, carry.action, embed, jnp.asarray(reset), post_key)
         logits = actor_net.apply(policy.actor, feat(latent))
         action = jnp.argmax(logits, -1) if greedy else jax.random.categorical(act_key, logits)
@@ -685,7 +791,7 @@ def make(config: Config, env, env_params) -> Agent:
 
     def observe(params, data: Dataset, key):
         """Posterior latents ``[T, B]`` of sequences (memory zeroed at ``t = 0`` and wherever ``is_first``)."""
-        embed = world.apply(params, flat(data.obs), method=WorldModel.encode)
+        embed = world.apply(params, flat(data.obs), method="encode")
         reset = data.is_first.at[0].set(1.0)
 
         def step(latent, inputs):
@@ -696,12 +802,12 @@ def make(config: Config, env, env_params) -> Agent:
         keys = jax.random.split(key, data.reward.shape[0])
         _, (posts, post_logits) = jax.lax.scan(step, zeros_latent(data.reward.shape[1:]),
                                                (data.action, embed, reset, keys))
-        prior_logits = mixed(world.apply(params, posts.deter, method=WorldModel.prior))
+        prior_logits = mixed(world.apply(params, posts.deter, method="prior"))
         return posts, post_logits, prior_logits
 
     def model_loss(params, data: Dataset, key):
         posts, post_logits, prior_logits = observe(params, data, key)
-        obs_pred, reward_pred, cont_logit = world.apply(params, feat(posts), method=WorldModel.heads)
+        obs_pred, reward_pred, cont_logit = world.apply(params, feat(posts), method="heads")
         target_obs = symlog(flat(data.obs))
         recon = ((obs_pred - target_obs) ** 2).sum(-1).mean()
         reward_loss = ((reward_pred - symlog(data.reward)) ** 2).mean()
@@ -712,7 +818,7 @@ def make(config: Config, env, env_params) -> Agent:
         # one-step prior prediction: h_t from the previous posterior and the real action, z_t = prior mode
         prior_stoch = jax.nn.one_hot(jnp.argmax(prior_logits, -1), classes).reshape(posts.stoch.shape)
         prior_obs, prior_reward, _ = world.apply(params, sg(jnp.concatenate([posts.deter, prior_stoch], -1)),
-                                                 method=WorldModel.heads)
+                                                 method="heads")
         valid = 1.0 - data.is_first.at[0].set(1.0)
         count = jnp.maximum(valid.sum(), 1.0)
         obs_error = ((symexp(prior_obs) - flat(data.obs)) ** 2).mean(-1)
@@ -738,11 +844,11 @@ def make(config: Config, env, env_params) -> Agent:
 
         def step(latent, action):
             deter = world.apply(params, latent.deter, latent.stoch, jax.nn.one_hot(action, action_dim),
-                                method=WorldModel.core)
-            logits = world.apply(params, deter, method=WorldModel.prior)
+                                method="core")
+            logits = world.apply(params, deter, method="prior")
             stoch = jax.nn.one_hot(jnp.argmax(logits, -1), classes).reshape(latent.stoch.shape)
             latent = Latent(deter, stoch)
-            return latent, world.apply(params, feat(latent), method=WorldModel.heads)[0]
+            return latent, world.apply(params, feat(latent), method="heads")[0]
 
         _, preds = jax.lax.scan(step, start, data.action[context:context + max_h])
         target = flat(data.obs[context:context + max_h])
@@ -760,8 +866,8 @@ def make(config: Config, env, env_params) -> Agent:
         if isinstance(actor_params, Policy):
             actor_params = actor_params.actor
         num = start_states.deter.shape[0]
-        noise_std = jnp.zeros(config.deter_size) if noise_std is None else noise_std
-        push = jnp.zeros((num, config.deter_size)) if push is None else push
+        noise_std = jnp.zeros(deter_dim) if noise_std is None else noise_std
+        push = jnp.zeros((num, deter_dim)) if push is None else push
 
         def policy_fn(state, key):
             latent, _ = state
@@ -771,12 +877,12 @@ def make(config: Config, env, env_params) -> Agent:
             latent, push_i = state
             noise_key, sample_key = jax.random.split(key)
             deter = world.apply(model_params, latent.deter, latent.stoch, jax.nn.one_hot(action, action_dim),
-                                method=WorldModel.core)
+                                method="core")
             deter = augment_step(deter, noise_key, noise_std, push_i)
-            logits = mixed(world.apply(model_params, deter, method=WorldModel.prior))
+            logits = mixed(world.apply(model_params, deter, method="prior"))
             stoch = sample_onehot(sample_key, logits).reshape(latent.stoch.shape)
             nxt = Latent(deter, stoch)
-            _, reward, cont_logit = world.apply(model_params, feat(nxt), method=WorldModel.heads)
+            _, reward, cont_logit = world.apply(model_params, feat(nxt), method="heads")
             return (nxt, push_i), symexp(reward), jax.nn.sigmoid(cont_logit)
 
         traj = imagine_with(step_fn, policy_fn, (start_states, push), horizon, key)
@@ -816,11 +922,16 @@ def make(config: Config, env, env_params) -> Agent:
         to_starts = lambda x: jnp.swapaxes(x, 0, 1).reshape((n,) + x.shape[2:])  # noqa: E731
         deter, stoch, logits = to_starts(posts.deter), to_starts(posts.stoch), to_starts(post_logits)
         start_cont = 1.0 - to_starts(data.terminated)
+        if config.imagine_starts:
+            key, pick_key = jax.random.split(key)
         interp_key, push_key, imag_key = jax.random.split(key, 3)
         std = jnp.std(deter, 0)
         deter, _, stoch = augment_start(interp_key, deter, logits, stoch, (num_seqs, seq_len),
                                        config.dream_interpolation)
         push = perturbation_push(push_key, std, n, config.dream_perturbation)
+        if config.imagine_starts:  # a random subset of the starts (imagination dominates a step's compute)
+            pick = jax.random.choice(pick_key, n, (config.imagine_starts,), replace=False)
+            deter, stoch, start_cont, push = deter[pick], stoch[pick], start_cont[pick], push[pick]
         traj = imagine(learner.model, learner.actor, Latent(deter, stoch), config.horizon, imag_key,
                        config.dream_noise * std, push)
         feats = feat(traj.states)  # [H+1, N]
@@ -889,7 +1000,7 @@ def make(config: Config, env, env_params) -> Agent:
             latent = state.latent
             action = jax.random.randint(act_key, (config.num_envs,), 0, action_dim)
         else:
-            embed = world.apply(policy_params.model, flat(state.obs), method=WorldModel.encode)
+            embed = world.apply(policy_params.model, flat(state.obs), method="encode")
             latent, _ = posterior_step(policy_params.model, state.latent, state.prev_action, embed, state.is_first,
                                        post_key)
             logits = actor_net.apply(policy_params.actor, feat(latent))
