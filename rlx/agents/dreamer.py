@@ -3,8 +3,10 @@
 Vendorable: this file imports only jax, flax, optax and numpy. Copy it into
 your project and run ``python dreamer.py`` to train CartPole-v1 (gymnax).
 Discrete actions only (``validate_for_env`` rejects a continuous action
-space); observations are vectors or ``(H, W, C)`` grids (flattened, then the
-same MLP encoder: small grids such as a 9x9x3 maze train fast on a CPU so).
+space); observations are vectors or ``(H, W, C)`` grids. ``world_model="mlp"``
+(default) flattens a grid into the same MLP encoder; ``world_model="conv"``
+keeps its cells (see "Spatial world model" below), which a grid world whose
+objects move from cell to cell needs to be predicted exactly.
 
 Real data
 ---------
@@ -43,6 +45,25 @@ balancing: ``dyn_coef * max(free_nats, KL(sg(post) || prior)) + rep_coef *
 max(free_nats, KL(post || sg(prior)))`` per step. It trains on ``batch_size``
 sequences of ``seq_len`` steps sampled uniformly from the filled part of the
 buffer (the latent starts at zero and is reset wherever ``is_first``).
+
+Spatial world model (``world_model="conv"``, grids only)
+-------------------------------------------------------
+``ConvWorldModel`` has the same interface on flat vectors, but every cell
+has its own state: ``deter_size`` GRU channels and ``num_latents``
+categoricals per cell (so ``h`` is ``H*W*deter_size`` long). A step reads
+each cell's 3x3 neighbourhood of ``[h, z, one-hot action]`` with one layer
+(``conv_hidden`` wide) shared by all cells, then a per-cell GRU; prior,
+posterior (on a 3x3 encoder of the observation) and decoder are per cell;
+the reward and continuation heads read the max and mean over cells of
+per-cell features (an event such as "the agent stands on the goal" happens
+in one cell). A move is thus the same local shift everywhere, learnt once
+for all positions and levels. On the 9x9 maze the flat model had not beaten
+copying the last frame after 2,500 steps; this one predicts it 16x better
+after 2,000 (experiments/imagination). One object in many cells weighs
+little in the summed squared error: raise ``recon_coef`` (10 on the maze),
+or the posterior stops encoding it. ``imagine_starts`` imagines from a
+random subset of the batch's posterior states (0: all), since imagination
+costs most of a step here.
 
 Actor-critic
 ------------
