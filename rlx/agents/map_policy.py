@@ -25,7 +25,10 @@ The environment must offer (rlx's ``MapfEnv`` with ``observation="map"`` does):
   ``env.step_env(key, state, actions, params) -> (obs, state, rewards, terminated, info)``
   without auto-reset; observations ``[n, H, W, C + 1]``: C feature planes shared by
   every agent, then a plane that is 1 on the agent's own cell (all 0 once it is done);
-* ``params.expert_actions`` ``int[M, T, n]`` for the ``M`` instances of its pool.
+* ``params.expert_actions`` ``int[M, T, n]`` for the ``M`` instances of its pool;
+  optionally ``params.behaviour_actions`` (same shape, or None): the actions replayed to reach
+  the states, when they are not the expert's. DAgger (Ross et al., 2011) uses it: a pool entry
+  then holds the learner's own episode and, as labels, the expert's action in each of its states.
 """
 
 from __future__ import annotations
@@ -155,6 +158,8 @@ def make(config: Config, env, env_params) -> Agent:
     """Build the imitation learner's pure functions for one environment and its expert pool."""
     network = FullyConvolutional(tuple(int(c) for c in config.channels))
     expert = jnp.asarray(env_params.expert_actions)
+    behaviour = getattr(env_params, "behaviour_actions", None)
+    behaviour = expert if behaviour is None else jnp.asarray(behaviour)
     pool_size, horizon = expert.shape[0], expert.shape[1]
     steps = min(config.num_steps, horizon)
     # each instance's expert length: steps until its last non-wait action
@@ -186,8 +191,9 @@ def make(config: Config, env, env_params) -> Agent:
                           update_step=jnp.asarray(0, jnp.int32), env_steps=jnp.asarray(0, jnp.int32))
 
     def replay(instance, key):
-        """The expert's episode on pool entry ``instance``: per step the shared planes ``[T, H, W, C]``,
-        each agent's cell index ``[T, n]``, whether it is active ``[T, n]`` and its expert action."""
+        """The episode on pool entry ``instance`` (the expert's, or the ``behaviour_actions``): per step the
+        shared planes ``[T, H, W, C]``, each agent's cell index ``[T, n]``, whether it is active ``[T, n]``
+        and its expert action."""
         reset_key, key = jax.random.split(key)
         obs, env_state = env.reset_to(instance, reset_key, env_params)
 
@@ -196,7 +202,7 @@ def make(config: Config, env, env_params) -> Agent:
             key, step_key = jax.random.split(key)
             me = obs[..., features].reshape(obs.shape[0], -1)
             record = (obs[0, ..., :features], jnp.argmax(me, -1), jnp.max(me, -1) > 0, expert[instance, t])
-            obs, env_state, *_ = env.step_env(step_key, env_state, expert[instance, t], env_params)
+            obs, env_state, *_ = env.step_env(step_key, env_state, behaviour[instance, t], env_params)
             return (obs, env_state, key), record
 
         return jax.lax.scan(step, (obs, env_state, key), jnp.arange(steps))[1]

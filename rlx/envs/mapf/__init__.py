@@ -25,10 +25,12 @@ def make_mapf(layout: str = "random", num_agents: int = 16, obs_radius: int = 5,
     MovingAI ``map_file``); starts and goals are drawn on each map. Under
     ``restart`` the next goals are random cells of the agent's component.
     ``observation``: ``local`` windows (POGEMA's), ``local_path`` (the same plus each cell's
-    shortest-path distance to the agent's goal relative to the agent's own) or the whole ``map``.
+    shortest-path distance to the agent's goal relative to the agent's own), the whole ``map``, or
+    ``map_priority`` (the whole map plus PIBT's priorities: ``MapfEnv.priority_planes``).
     ``progress_reward``: added to each agent's reward per step it moves closer to its goal (and
     taken away per step it moves farther), on top of the ``on_target`` rewards. ``expert``
-    (``pibt`` or ``prioritized``) solves every instance and keeps the joint
+    (``pibt``, ``pibt_by_index``: ties broken by agent index as ``map_priority`` shows them,
+    ``prioritized`` or ``lacam``) solves every instance and keeps the joint
     actions in the pool, for imitation; solutions are cached on disk.
     """
     if layout not in LAYOUTS:

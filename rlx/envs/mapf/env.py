@@ -51,8 +51,10 @@ spaces = import_env_module("gymnax.environments.spaces")
 MOVES = np.array([[0, 0], [-1, 0], [1, 0], [0, -1], [0, 1]], np.int32)  # wait, up, down, left, right
 COLLISION_SYSTEMS = ("soft", "priority", "block_both")
 ON_TARGET_MODES = ("finish", "nothing", "restart")
-OBSERVATIONS = ("local", "local_path", "map")
+OBSERVATIONS = ("local", "local_path", "map", "map_priority")
+MAP_OBSERVATIONS = ("map", "map_priority")  # whole-map planes plus a "this is me" plane
 MAP_CHANNELS = 8  # see MapfEnv.map_features
+PRIORITY_CHANNELS = 2  # see MapfEnv.priority_planes ("map_priority" observations)
 
 
 @struct.dataclass
@@ -74,6 +76,8 @@ class MapfParams:
     random_goals: bool = struct.field(pytree_node=False, default=False)
     max_steps_in_episode: int = 64
     expert_actions: jax.Array | None = None  # int8[M, T, N]: an expert's joint actions (0 after it is done)
+    behaviour_actions: jax.Array | None = None  # int8[M, T, N]: actions that reach the states labelled by
+                                                # expert_actions when they are not the expert's own (DAgger)
     goal_distances: jax.Array | None = None  # int16[M, N, H, W]: distance fields to the first goals (optional cache)
 
 
@@ -86,6 +90,7 @@ class MapfState:
     active: jax.Array         # bool[N]: on the grid and acting (not finished, slot in use)
     arrived_at: jax.Array     # int32[N]: step of the last arrival on the current goal (0: none)
     on_goal_since: jax.Array  # int32[N]: first step of the current uninterrupted stay on the goal (0: not on it)
+    last_on_goal: jax.Array   # int32[N]: last step the agent stood on its goal (lifelong: or reached the last one; -1: never)
     goals_reached: jax.Array  # int32: goal arrivals so far (every mode)
     time: jax.Array           # int32
     key: jax.Array
@@ -138,14 +143,16 @@ class MapfEnv(MultiAgentEnv):
         """(observations, state) of pool entry ``instance`` at time 0."""
         n = self.num_agents
         positions = params.starts[instance]
+        goals = params.goals[instance, :, 0]
         state = MapfState(
             instance=jnp.asarray(instance, jnp.int32),
             positions=positions,
             goal_index=jnp.zeros(n, jnp.int32),
-            goals=params.goals[instance, :, 0],
+            goals=goals,
             active=params.agent_mask[instance],
             arrived_at=jnp.zeros(n, jnp.int32),
             on_goal_since=jnp.zeros(n, jnp.int32),
+            last_on_goal=jnp.where(jnp.all(positions == goals, -1), 0, -1).astype(jnp.int32),
             goals_reached=jnp.asarray(0, jnp.int32),
             time=jnp.asarray(0, jnp.int32),
             key=key,
@@ -179,6 +186,7 @@ class MapfEnv(MultiAgentEnv):
         arriving = on_goal & state.active
         newly = arriving & (state.on_goal_since == 0)  # was not on this goal before the step
         state = state.replace(positions=positions, time=time,
+                              last_on_goal=jnp.where(on_goal, time, state.last_on_goal),
                               on_goal_since=jnp.where(on_goal, jnp.where(newly, time, state.on_goal_since), 0),
                               goals_reached=state.goals_reached + jnp.sum(newly),
                               arrived_at=jnp.where(newly & (state.arrived_at == 0), time, state.arrived_at))
@@ -225,9 +233,12 @@ class MapfEnv(MultiAgentEnv):
     # -- what agents and critics see ----------------------------------------------------------------
     def observations(self, state: MapfState, params: MapfParams) -> jax.Array:
         """Local windows (``observation="local"``), or the whole map's features plus a "this is me"
-        plane (``"map"``: ``float32[N, H, W, MAP_CHANNELS + 1]``, for centralized map-based policies)."""
-        if self.observation == "map":
+        plane (``"map"``: ``float32[N, H, W, MAP_CHANNELS + 1]``, for centralized map-based policies;
+        ``"map_priority"``: the same with ``priority_planes`` after the map's channels)."""
+        if self.observation in MAP_OBSERVATIONS:
             features = self.map_features(state, params)
+            if self.observation == "map_priority":
+                features = jnp.concatenate([features, self.priority_planes(state, params)], axis=-1)
             me = jnp.zeros((self.num_agents,) + features.shape[:2], jnp.float32).at[
                 jnp.arange(self.num_agents), state.positions[:, 0], state.positions[:, 1]].set(
                 state.active.astype(jnp.float32))
@@ -263,6 +274,34 @@ class MapfEnv(MultiAgentEnv):
         planes = jnp.zeros(blocked.shape + (5,), jnp.float32).at[rows, cols].add(per_agent)
         return jnp.concatenate([blocked[..., None].astype(jnp.float32), agents[..., None], goals[..., None], planes],
                                axis=-1)
+
+    def waiting_steps(self, state: MapfState) -> jax.Array:
+        """``int32[N]``: steps since each agent last stood on its current goal (0 while on it; ``time + 1``
+        if never), the integer part of PIBT's priority for its next step (``experts.raise_priorities``)."""
+        return state.time - state.last_on_goal
+
+    def priority_planes(self, state: MapfState, params: MapfParams) -> jax.Array:
+        """``float32[H, W, PRIORITY_CHANNELS]``: on each active agent's cell, what PIBT ranks agents by.
+
+        PIBT (``experts.pibt``) lets agents plan in decreasing priority: the steps
+        since each last stood on its goal, ties broken by a number below 1
+        (``tiebreak="index"``: higher for lower indices, the order in which
+        ``soft`` collisions award contested cells). The map planes alone do not
+        show either, so a policy imitating PIBT cannot tell who yields to whom;
+        these planes do, from the episode's own history:
+
+        - the waiting steps (``waiting_steps``) over the horizon, clipped to 1;
+        - the tie-breaker ``(n - 1 - i) / n`` of agent ``i``, ``n`` the instance's agents (its used slots,
+          so that instances with fewer agents than slots look as they would on their own).
+        """
+        blocked = params.blocked[state.instance]
+        count = jnp.maximum(jnp.sum(params.agent_mask[state.instance]), 1)
+        weight = state.active.astype(jnp.float32)
+        waiting = jnp.minimum(self.waiting_steps(state) / params.max_steps_in_episode, 1.0)
+        tiebreak = (count - 1 - jnp.arange(self.num_agents)) / count
+        per_agent = jnp.stack([waiting, tiebreak], -1).astype(jnp.float32) * weight[:, None]
+        rows, cols = state.positions[:, 0], state.positions[:, 1]
+        return jnp.zeros(blocked.shape + (PRIORITY_CHANNELS,), jnp.float32).at[rows, cols].add(per_agent)
 
     def local_observations(self, state: MapfState, params: MapfParams) -> jax.Array:
         """``float32[N, 2R+1, 2R+1, 3]``: obstacles, agents (self included), projected target."""
@@ -337,8 +376,9 @@ class MapfEnv(MultiAgentEnv):
         }
 
     def observation_space(self, params):
-        if self.observation == "map":
-            return spaces.Box(-1.0, 1.0, params.blocked.shape[1:] + (MAP_CHANNELS + 1,), jnp.float32)
+        if self.observation in MAP_OBSERVATIONS:
+            channels = MAP_CHANNELS + (PRIORITY_CHANNELS if self.observation == "map_priority" else 0)
+            return spaces.Box(-1.0, 1.0, params.blocked.shape[1:] + (channels + 1,), jnp.float32)
         window = 2 * self.obs_radius + 1
         if self.observation == "local_path":
             return spaces.Box(-1.0, 1.0, (window, window, 4), jnp.float32)

@@ -99,6 +99,15 @@ def raise_priorities(priority: np.ndarray, position, goals) -> np.ndarray:
     return np.where(on_goal, priority % 1, priority + 1)
 
 
+def tiebreakers(n: int, kind: str, rng) -> np.ndarray:
+    """PIBT's initial priorities: distinct tie-breakers below 1, ``random`` or by ``index`` (``(n - 1 - i) / n``)."""
+    if kind == "random":
+        return rng.random(n) / n
+    if kind == "index":
+        return (n - 1 - np.arange(n)) / n
+    raise ValueError(f"tiebreak {kind!r}: valid: random, index")
+
+
 def pibt_step(moves: dict, position: list[tuple], distance, priority: np.ndarray, rng,
               constraints: tuple = ()) -> tuple | None:
     """One joint PIBT step: each agent's next cell, or None when no conflict-free step exists.
@@ -145,7 +154,7 @@ def pibt_step(moves: dict, position: list[tuple], distance, priority: np.ndarray
 
 
 def pibt(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps: int, seed: int = 0,
-         stop_when_all_arrived: bool = True, lifelong: bool = False) -> Solution:
+         stop_when_all_arrived: bool = True, lifelong: bool = False, tiebreak: str = "random") -> Solution:
     """Priority Inheritance with Backtracking (Okumura et al., 2019), one joint step at a time.
 
     Each step, agents in priority order (those longest away from their goal
@@ -158,6 +167,11 @@ def pibt(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps: 
     its goal after a step takes the next goal of its sequence (cyclically, as
     ``MapfEnv``'s ``restart`` mode does) and drops back to the lowest
     priority; the run lasts all ``max_steps`` and counts the arrivals.
+
+    ``tiebreak``: how agents equally long away from their goals are ordered:
+    ``random`` (a random order per run, as the paper does) or ``index`` (lower
+    indices first, the order ``soft`` collisions award contested cells in, so
+    that ``MapfEnv``'s ``map_priority`` planes show the whole priority).
     """
     rng = np.random.default_rng(seed)
     n = len(starts)
@@ -173,7 +187,7 @@ def pibt(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps: 
     index = np.zeros(n, np.int64)
     goal = [tuple(map(int, sequences[i, 0])) for i in range(n)]
     position = [tuple(map(int, s)) for s in starts]
-    priority = rng.random(n) / n  # tie-breakers below 1
+    priority = tiebreakers(n, tiebreak, rng)
     paths, reached = [list(position)], 0
     for _ in range(max_steps):
         if stop_when_all_arrived and not lifelong and all(position[i] == goal[i] for i in range(n)):
@@ -354,7 +368,12 @@ def prioritized_planning(blocked: np.ndarray, starts: np.ndarray, goals: np.ndar
 
 # -- expert data in bulk ---------------------------------------------------------------------------------
 
-SOLVERS = {"pibt": pibt, "prioritized": prioritized_planning, "lacam": lacam}
+def pibt_by_index(blocked, starts, goals, max_steps: int, seed: int = 0) -> Solution:
+    """PIBT with ties broken by agent index: the teacher whose priorities ``map_priority`` planes show."""
+    return pibt(blocked, starts, goals, max_steps, seed, tiebreak="index")
+
+
+SOLVERS = {"pibt": pibt, "pibt_by_index": pibt_by_index, "prioritized": prioritized_planning, "lacam": lacam}
 
 
 def _solve(args):

@@ -127,3 +127,36 @@ def random_pool(count: int, num_agents: int, seed: int = 0, size: tuple[int, int
     """``from_instances(random_instances(...))`` at the largest side of ``size``."""
     instances = random_instances(count, num_agents, seed, size, density)
     return from_instances(instances, max_steps_in_episode, random_goals, num_agents, (size[1], size[1]))
+
+
+def merge_pools(pools: list[MapfParams], num_agents: int | None = None) -> MapfParams:
+    """One pool holding every entry of ``pools`` (same map shape, horizon and goal-sequence length), with
+    ``num_agents`` agent slots (default: the most of any pool); entries with fewer agents get unused slots.
+
+    Lets one fixed-size environment train on several crowd sizes at once (e.g. 32 and 64 agents). Per-entry
+    arrays the pools carry (expert actions, distance fields) are merged too: all pools need them or none.
+    """
+    slots = num_agents or max(p.agent_mask.shape[1] for p in pools)
+    first = pools[0]
+
+    def pad(array, axis, value=0):
+        if array is None:
+            return None
+        widths = [(0, 0)] * array.ndim
+        widths[axis] = (0, slots - array.shape[axis])
+        return jnp.pad(array, widths, constant_values=value)
+
+    def merged(name, axis=None, value=0):
+        arrays = [getattr(p, name) for p in pools]
+        if all(a is None for a in arrays):
+            return None
+        if any(a is None for a in arrays):
+            raise ConfigError(f"merge_pools: {name} is in some pools only")
+        return jnp.concatenate([a if axis is None else pad(a, axis, value) for a in arrays])
+
+    far = first.blocked.shape[1] * first.blocked.shape[2]
+    return first.replace(
+        blocked=merged("blocked"), sizes=merged("sizes"), components=merged("components"),
+        starts=merged("starts", 1), goals=merged("goals", 1), agent_mask=merged("agent_mask", 1, False),
+        expert_actions=merged("expert_actions", 2), behaviour_actions=merged("behaviour_actions", 2),
+        goal_distances=merged("goal_distances", 1, far))

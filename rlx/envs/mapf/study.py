@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 from rlx.envs.mapf import evaluation, instances
-from rlx.envs.mapf.env import MapfEnv
+from rlx.envs.mapf.env import MAP_OBSERVATIONS, MapfEnv
 
 AGENT_COUNTS = (8, 16, 32, 64)
 HORIZON = 128
@@ -90,13 +90,13 @@ def learned_metrics(loaded: dict[str, tuple], n: int, pool, drawn: list[tuple], 
     rows = {}
     for label, (acts, run) in loaded.items():
         observation = getattr(run.parts.env, "observation", "local")
-        with_ids = getattr(run.parts.grid.configs[0], "agent_id", False) and observation != "map"
+        with_ids = getattr(run.parts.grid.configs[0], "agent_id", False) and observation not in MAP_OBSERVATIONS
         if with_ids and run.parts.env.num_agents != n:
             continue  # agent-id inputs fix the count
         env = MapfEnv(n, 5, "soft", on_target, pool, observation=observation)
         for mode, act in acts.items():
             rows[f"{label}, {mode}"] = evaluation.evaluate_policy(env, pool, act, key)
-        if observation == "map":
+        if observation in MAP_OBSERVATIONS:
             actions = evaluation.shielded_actions(env, pool, drawn, map_logits(run), seed=n)
             rows[f"{label} + PIBT shield (CS-PIBT)"] = evaluation.evaluate_actions(
                 MapfEnv(n, 5, "soft", on_target, pool), pool, actions)

@@ -1,0 +1,184 @@
+"""DAgger for the map policy: the learner's own episodes, each state labelled by one step of PIBT.
+
+Behaviour cloning trains the map policy (``rlx/agents/map_policy.py``) on the
+states PIBT visits; sampling each agent's move on its own, the learner soon
+reaches states PIBT never shows it (agents facing each other in a corridor,
+crowds around a goal) and does not know how to leave them. DAgger (Ross,
+Gordon and Bagnell, AISTATS 2011) closes the gap: run the learner, ask the
+expert what it would do in every state the learner visited, add those states
+and labels to the training data, train again, repeat.
+
+The expert here is one joint step of PIBT from the learner's configuration
+(``experts.pibt_step``) with the priorities that PIBT would have at that point
+of the learner's episode: the steps since each agent last stood on its goal
+(``MapfEnv.waiting_steps``) plus the index tie-breaker (``experts.tiebreakers(n,
+"index")``), which are what ``map_priority`` observations show. The learner's
+episodes enter the pool as new entries whose ``behaviour_actions`` are the
+learner's joint actions (replayed to reach the states) and whose
+``expert_actions`` are PIBT's labels (``map_policy`` imitates those).
+
+Host side: the labels come from PIBT in NumPy, one joint step per visited
+state, so this module lives with the environment, not in the agent file.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlx.envs.mapf import experts
+from rlx.envs.mapf.env import MapfEnv, MapfParams
+
+
+def rollouts(env: MapfEnv, pool: MapfParams, act: Callable, key, instances=None) -> dict[str, np.ndarray]:
+    """The learner's episode on each pool entry in ``instances`` (default: all): ``actions [M, T, n]`` (waits
+    once all agents stand on their goals), the ``positions [M, T, n, 2]`` and ``waiting [M, T, n]`` steps in
+    which it chose them, and ``solved [M]``. ``act(obs [n, ...], key) -> actions [n]``."""
+    horizon = int(pool.max_steps_in_episode)
+    instances = jnp.arange(pool.blocked.shape[0]) if instances is None else jnp.asarray(instances)
+
+    def episode(instance, key):
+        reset_key, key = jax.random.split(key)
+        obs, state = env.reset_to(instance, reset_key, pool)
+
+        def step(carry, _):
+            obs, state, over, key = carry
+            key, act_key, step_key = jax.random.split(key, 3)
+            actions = jnp.where(over, 0, act(obs, act_key))
+            record = (actions, state.positions, env.waiting_steps(state))
+            obs, state, _, terminated, _ = env.step_env(step_key, state, actions, pool)
+            return (obs, state, over | jnp.all(terminated), key), record
+
+        (_, _, over, _), (actions, positions, waiting) = jax.lax.scan(
+            step, (obs, state, jnp.asarray(False), key), None, horizon)
+        return actions, positions, waiting, over
+
+    actions, positions, waiting, solved = jax.jit(jax.vmap(episode))(
+        instances, jax.random.split(key, instances.shape[0]))
+    return {"actions": np.asarray(actions), "positions": np.asarray(positions), "waiting": np.asarray(waiting),
+            "solved": np.asarray(solved)}
+
+
+def pibt_labels(pool: MapfParams, instances, positions: np.ndarray, waiting: np.ndarray,
+                seed: int = 0) -> np.ndarray:
+    """``int8[M, T, n]``: PIBT's joint action in each visited state (``positions [M, T, n, 2]``,
+    ``waiting [M, T, n]`` of pool entries ``instances``), with PIBT's priorities at that point.
+
+    Unused agent slots get waits. Needs the pool's ``goal_distances`` (``make_mapf`` adds them for
+    map observations)."""
+    if pool.goal_distances is None:
+        raise ValueError("pibt_labels needs pool.goal_distances (mapf.first_goal_distances)")
+    rng = np.random.default_rng(seed)
+    blocked, mask = np.asarray(pool.blocked), np.asarray(pool.agent_mask)
+    distances = np.asarray(pool.goal_distances)
+    labels = np.zeros(positions.shape[:3], np.int8)
+    for row, m in enumerate(np.asarray(instances)):
+        present = np.nonzero(mask[m])[0]
+        n = len(present)
+        moves = experts.neighbour_table(blocked[m])
+        fields = distances[m, present]
+        tiebreak = experts.tiebreakers(n, "index", rng)
+        distance = lambda i, cell: fields[i][cell]  # noqa: E731
+        for t in range(positions.shape[1]):
+            cells = positions[row, t, present]
+            here = [tuple(map(int, cell)) for cell in cells]
+            step = experts.pibt_step(moves, here, distance, waiting[row, t, present] + tiebreak, rng)
+            labels[row, t, present] = [experts.MOVE_CODES[(r - a, c - b)] for (r, c), (a, b) in zip(step, here)]
+            if all(fields[i][here[i]] == 0 for i in range(n)) and not labels[row, t].any():
+                break  # all on their goals: PIBT waits from here on (labels are already 0)
+    return labels
+
+
+def aggregate(pool: MapfParams, instances, behaviour: np.ndarray, labels: np.ndarray) -> MapfParams:
+    """``pool`` with the learner's episodes appended: entries that copy pool entries ``instances`` and
+    replay ``behaviour [M, T, n]``, labelled ``labels``. The original entries replay their expert actions."""
+    index = jnp.asarray(instances)
+    current = pool.expert_actions if pool.behaviour_actions is None else pool.behaviour_actions
+
+    def extend(field, new=None):
+        if field is None:
+            return None
+        added = field[index] if new is None else jnp.asarray(new, field.dtype)
+        return jnp.concatenate([field, added])
+
+    return pool.replace(
+        blocked=extend(pool.blocked), sizes=extend(pool.sizes), starts=extend(pool.starts), goals=extend(pool.goals),
+        agent_mask=extend(pool.agent_mask), components=extend(pool.components),
+        goal_distances=extend(pool.goal_distances),
+        expert_actions=extend(pool.expert_actions, labels),
+        behaviour_actions=extend(jnp.asarray(current), behaviour))
+
+
+def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int = 256, extra_agents: tuple = (),
+           samples_per_episode: int | None = None, seed: int = 0, log: Callable = print) -> None:
+    """DAgger on a finished map-policy run (``+exp=mapf_map_policy``, seed 0): ``iterations`` rounds of
+    (roll the policy out on ``rollout_maps`` training instances, label each state by PIBT, add the episodes to
+    the pool, ``updates`` more imitation updates from the current parameters), then a new checkpoint in
+    ``run_dir``, which ``rlx.evaluate`` and ``study.trained_actors`` then load.
+
+    ``extra_agents``: further agent counts whose training pools (the run's options otherwise) join the
+    pool, padded to the most slots, so that the rollouts also visit more crowded states.
+    ``samples_per_episode``: steps of each replayed episode in the loss (default: the run's).
+    """
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    from rlx.envs.mapf import instances, make_mapf
+    from rlx.runner import checkpoints
+    from rlx.runner.components import load_trained
+
+    run_dir = Path(run_dir)
+    run = load_trained(run_dir)
+    module, config = run.parts.agent_module, run.parts.grid.configs[0]
+    env, pool = run.parts.env, run.parts.env_params
+    if env.observation != "map_priority":
+        raise ValueError("DAgger's PIBT labels need observation=map_priority (their priorities are PIBT's)")
+    options = dict(OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml").env.options))
+    if extra_agents:
+        pools = [pool] + [make_mapf(**{**options, "num_agents": int(n)}).default_params for n in extra_agents]
+        pool = instances.merge_pools(pools)
+        env = MapfEnv(pool.agent_mask.shape[1], env.obs_radius, env.collision_system, env.on_target, pool,
+                      env.observation, env.progress_reward)
+    base, count = pool, pool.blocked.shape[0]
+    config = config.replace(total_timesteps=updates * config.batch_size,
+                            samples_per_episode=samples_per_episode or config.samples_per_episode)
+    params = run.policy(0, 0).params
+    key = jax.random.PRNGKey(seed)
+    for iteration in range(1, iterations + 1):
+        key, pick_key, rollout_key, train_key = jax.random.split(key, 4)
+        agent = module.make(config, env, base)
+        act = lambda obs, k, p=params: agent.act(module.Policy(p), obs, k)  # noqa: E731
+        picks = np.asarray(jax.random.choice(pick_key, count, (min(rollout_maps, count),), replace=False))
+        episodes = rollouts(env, base, act, rollout_key, picks)
+        labels = pibt_labels(base, picks, episodes["positions"], episodes["waiting"], seed=seed + iteration)
+        pool = aggregate(pool, picks, episodes["actions"], labels)
+        agent = module.make(config, env, pool)
+        state = agent.init(train_key).replace(params=params)
+        state, metrics = jax.jit(lambda s: jax.lax.scan(lambda s, _: agent.update(s), s, None, updates))(state)
+        params = state.params
+        log(f"[dagger] iteration {iteration}: {episodes['solved'].mean():.2f} of the rollouts solved; "
+            f"pool {pool.blocked.shape[0]}; loss {float(metrics['loss'][-16:].mean()):.3f}")
+    state = run.state.replace(params=jax.tree.map(lambda old, new: old.at[0].set(new), run.state.params, params))
+    step = int(run.progress.get("updates_done", 0)) + iterations * updates  # the newest checkpoint: loaded next
+    saver = checkpoints.Checkpointer(run_dir)
+    saver.save(step, state, {**run.progress, "updates_done": step})
+    saver.close()
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="DAgger refinement of a trained map-policy run (in place).")
+    parser.add_argument("run_dir")
+    parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument("--updates", type=int, default=256)
+    parser.add_argument("--rollout-maps", type=int, default=256)
+    parser.add_argument("--extra-agents", default="", help="comma-separated agent counts, e.g. 64")
+    parser.add_argument("--samples-per-episode", type=int, default=None)
+    args = parser.parse_args()
+    extra = tuple(int(n) for n in args.extra_agents.split(",") if n)
+    refine(args.run_dir, args.iterations, args.updates, args.rollout_maps, extra, args.samples_per_episode)

@@ -1,0 +1,63 @@
+"""PIBT's priorities in the map observations, and DAgger's relabelled episodes for the map policy."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlx.agents import map_policy
+from rlx.envs.mapf import dagger, evaluation, experts, first_goal_distances, instances
+from rlx.envs.mapf.env import MAP_CHANNELS, PRIORITY_CHANNELS, MapfEnv
+
+
+def small_pool(agents=10, maps=3, horizon=40, seed=3):
+    drawn = instances.random_instances(maps, agents, seed=seed, size=(9, 11))
+    pool = instances.from_instances(drawn, horizon, num_agents=agents, shape=(11, 11))
+    solutions = [experts.pibt(g, s, goals, horizon, seed=i, tiebreak="index") for i, (g, s, goals) in enumerate(drawn)]
+    pool = pool.replace(expert_actions=jnp.asarray(experts.joint_actions(solutions, horizon, agents)))
+    return drawn, solutions, pool.replace(goal_distances=first_goal_distances(pool))
+
+
+def test_priority_planes_show_pibts_priorities_along_its_own_paths():
+    """Replaying PIBT (index tie-breaks), the environment's waiting steps are the integer part of PIBT's
+    priority at every step, and the planes carry them and the tie-breaker on each agent's cell."""
+    drawn, solutions, pool = small_pool(agents=12)
+    env = MapfEnv(12, 2, "soft", "nothing", pool, observation="map_priority")
+    assert env.observation_space(pool).shape == (11, 11, MAP_CHANNELS + PRIORITY_CHANNELS + 1)
+    for m, ((_, _, goals), solution) in enumerate(zip(drawn, solutions)):
+        obs, state = env.reset_to(m, jax.random.PRNGKey(0), pool)
+        assert obs.shape == (12, 11, 11, MAP_CHANNELS + PRIORITY_CHANNELS + 1)
+        priority = experts.tiebreakers(12, "index", None)
+        for t, actions in enumerate(solution.actions):
+            priority = experts.raise_priorities(priority, solution.paths[t], goals)
+            np.testing.assert_array_equal(np.floor(priority), env.waiting_steps(state))
+            rows, cols = solution.paths[t].T
+            planes = np.asarray(obs[0, rows, cols, MAP_CHANNELS:MAP_CHANNELS + PRIORITY_CHANNELS])
+            np.testing.assert_allclose(planes[:, 0], np.minimum(np.floor(priority) / 40, 1), atol=1e-6)
+            np.testing.assert_allclose(planes[:, 1], priority % 1, atol=1e-6)
+            obs, state, *_ = env.step_env(jax.random.PRNGKey(t), state, jnp.asarray(actions), pool)
+
+
+def test_dagger_labels_are_conflict_free_pibt_steps_and_replay_reaches_the_learners_states():
+    drawn, _, pool = small_pool()
+    env = MapfEnv(10, 2, "soft", "nothing", pool, observation="map_priority")
+    episodes = dagger.rollouts(env, pool, evaluation.random_actions(10), jax.random.PRNGKey(0))
+    labels = dagger.pibt_labels(pool, np.arange(3), episodes["positions"], episodes["waiting"])
+    assert labels.shape == episodes["actions"].shape == (3, 40, 10) and labels.any()
+    for m, (grid, _, goals) in enumerate(drawn):
+        for t in range(40):
+            here = episodes["positions"][m, t]
+            experts.check_paths(grid, np.stack([here, here + experts.MOVES[labels[m, t]]]), goals)
+
+    bigger = dagger.aggregate(pool, np.arange(3), episodes["actions"], labels)
+    assert bigger.blocked.shape[0] == 6 and bigger.behaviour_actions.shape == (6, 40, 10)
+    np.testing.assert_array_equal(bigger.behaviour_actions[:3], pool.expert_actions)
+    np.testing.assert_array_equal(bigger.expert_actions[3:], labels)
+    config = map_policy.Config(num_envs=2, num_steps=40, samples_per_episode=4, channels=(8,), total_timesteps=80)
+    agent = map_policy.make(config, env, bigger)
+    _, cells, _, replayed_labels = agent.replay(4, jax.random.PRNGKey(1))  # entry 4: the learner's episode on map 1
+    np.testing.assert_array_equal(cells, episodes["positions"][1, ..., 0] * 11 + episodes["positions"][1, ..., 1])
+    np.testing.assert_array_equal(replayed_labels, labels[1])
+    _, metrics = agent.update(agent.init(jax.random.PRNGKey(2)))
+    assert np.isfinite(metrics["loss"])
