@@ -5,7 +5,8 @@ open-loop error of predicting ``h`` steps ahead from real actions alone (after `
 the mean squared error per observation feature, in the observation's own units, for h = 1 .. 15.
 
 * ``dreamer`` (RSSM, ``rlx/agents/dreamer.py``) on CartPole-v1 and on the maze (64 training levels, errors
-  on training levels and on unseen levels), ``train_from_dataset`` for ``GRAD_STEPS`` steps;
+  on training levels and on unseen levels; the spatial RSSM of the generalization study and the flat one),
+  ``train_from_dataset`` for ``GRAD_STEPS`` steps;
 * ``dyna_ppo``'s ensemble (``rlx/agents/dyna_ppo.py``) on CartPole-v1, trained by the ``dyna_ppo_cartpole``
   preset's settings (its own experience, not the random data), each step through a random member;
 * "copy the last observation" as the reference a model must beat.
@@ -29,6 +30,17 @@ HELD_OUT_ENVS = 250  # a multiple of dyna_ppo's 5 ensemble members (each row goe
 GRAD_STEPS = 2_000
 REAL_STEPS = 16_384
 SEEDS = 2
+
+
+def maze_models() -> dict:
+    """Dreamer settings per maze world model: the generalization study's spatial RSSM, and the flat one (the
+    grid flattened into MLPs, the study's model until 2026-12-02)."""
+    from rlx.imagination import generalization
+
+    spatial = dict(generalization.DREAMER)
+    flat = {k: v for k, v in spatial.items()
+            if k not in ("world_model", "deter_size", "num_latents", "num_classes", "recon_coef", "imagine_starts")}
+    return {"spatial RSSM": spatial, "flat RSSM": flat}
 
 
 def held_out(config, env, params, key):
@@ -129,14 +141,17 @@ def measure(quick: bool) -> dict:
     evaluations = {"training levels": held_out(maze_config, maze_env, train_params, jax.random.PRNGKey(101)),
                    "unseen levels": held_out(maze_config, maze_env, test_params, jax.random.PRNGKey(102))}
     rows["maze: copy the last observation"] = copy_last_error(evaluations["unseen levels"])[None]
-    maze_errors, maze_reward = dreamer_errors(maze_config, maze_env, train_params, evaluations, grad_steps,
-                                              real_steps, seeds)
-    for label, values in maze_errors.items():
-        rows[f"maze: dreamer (RSSM), {label}"] = values
+    reward_errors = {"CartPole-v1: dreamer (RSSM), training batches, squared": reward.tolist(),
+                     "CartPole-v1: dyna_ppo, held-out slice, squared": dyna_reward.tolist()}
+    for kind, config in maze_models().items():  # the study's spatial RSSM, and the flat one it replaced
+        config = dreamer.Config(**config).replace(capacity_steps=real_steps // 32)
+        maze_errors, maze_reward = dreamer_errors(config, maze_env, train_params, evaluations, grad_steps,
+                                                  real_steps, seeds)
+        for label, values in maze_errors.items():
+            rows[f"maze: dreamer ({kind}), {label}"] = values
+        reward_errors[f"maze: dreamer ({kind}), training batches, squared"] = maze_reward.tolist()
     return {"horizons": list(HORIZONS), "rows": {k: v.tolist() for k, v in rows.items()},
-            "reward_error": {"CartPole-v1: dreamer (RSSM), training batches, squared": reward.tolist(),
-                             "CartPole-v1: dyna_ppo, held-out slice, squared": dyna_reward.tolist(),
-                             "maze: dreamer (RSSM), training batches, squared": maze_reward.tolist()},
+            "reward_error": reward_errors,
             "settings": {"quick": quick, "grad_steps": grad_steps, "real_steps": real_steps, "seeds": seeds}}
 
 
