@@ -441,7 +441,7 @@ def test_cartpole_learns():
     assert returns[-5:].mean() > 60, returns
 
 
-@pytest.mark.slow  # ~3 min: 1,200 gradient steps of the maze study's world model
+@pytest.mark.slow  # ~9 min on one core: 1,200 gradient steps of the maze study's world model
 def test_conv_world_model_predicts_maze_moves_better_than_copying_the_last_frame():
     """The generalization study's world model, on its random-policy data (64 levels): after 1,200 steps the
     one-step prior prediction beats copying the last observation by 2x (the flat MLP model had not beaten
