@@ -193,8 +193,8 @@ def reproduce(name: str, seeds: int | None, quick: bool, skip_training: bool = F
               tasks: tuple[str, ...] | None = None) -> Path:
     """Train, evaluate and write one experiment's table; ``seeds`` None: the experiment's own count.
 
-    ``tasks``: rerun only these tasks of a study that runs several (pbrl_feedback, pbrl_queries), keeping
-    the others' saved rows.
+    ``tasks``: rerun only these tasks of a study that runs several (pbrl_feedback, pbrl_queries; the level
+    counts of imagination_generalization), keeping the others' saved rows.
     """
     if name in CUSTOM:
         import importlib

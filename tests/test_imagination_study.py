@@ -3,6 +3,7 @@
 import math
 
 import numpy as np
+import pytest
 
 from rlx.imagination import sample_efficiency as study
 
@@ -117,3 +118,26 @@ def test_model_error_table_and_plot(tmp_path):
     assert "| CartPole-v1: m | 0.2000 | 0.3000 |" in table and "- r: 1" in table
     model_error.plot(results, tmp_path / "e.png")
     assert (tmp_path / "e.png").stat().st_size > 1000
+
+
+def test_generalization_level_counts_are_checked_before_any_training():
+    from rlx.imagination import generalization
+
+    assert generalization.check_level_counts(None) == generalization.LEVEL_COUNTS
+    assert generalization.check_level_counts(("64", "16")) == (64, 16)
+    with pytest.raises(SystemExit, match=r"unknown level count '32'; this study runs N in \[16, 64, 256\]"):
+        generalization.check_level_counts(("16", "32"))
+
+
+def test_generalization_keeps_saved_rows_only_from_the_same_settings(tmp_path):
+    import json
+
+    from rlx.imagination import generalization
+
+    settings = {"quick": False, "seeds": 3, "dreamer": generalization.DREAMER, "minutes": 5.0}
+    saved = tmp_path / "generalization.json"
+    assert generalization.kept_results(saved, settings) == {}
+    saved.write_text(json.dumps({"settings": {**settings, "minutes": 63.0}, "results": {"64": {"row": 1}}}))
+    assert generalization.kept_results(saved, settings) == {"64": {"row": 1}}
+    flat = {k: v for k, v in generalization.DREAMER.items() if k not in generalization.SPATIAL_MODEL}
+    assert generalization.kept_results(saved, {**settings, "dreamer": flat}) == {}

@@ -233,10 +233,6 @@ class Config:
         """World-model (and actor-critic) gradient steps per update: ``train_ratio * real_steps_per_update``."""
         return int(round(self.train_ratio * self.real_steps_per_update))
 
-    @property
-    def stoch_size(self) -> int:
-        return self.num_latents * self.num_classes
-
 
 def validate(config: Config) -> None:
     """Raise ``ValueError("field=value: rule")`` for the first invalid field; runs before tracing."""
@@ -478,6 +474,15 @@ class MLP(nn.Module):
         return nn.Dense(self.out_dim, kernel_init=init)(x)
 
 
+def gru_update(parts, deter):
+    """The GRU's new state from its normalised gate pre-activations ``parts`` ``[..., 3D]`` and the state
+    ``deter`` ``[..., D]``; the update gate is biased toward keeping the state (DreamerV3's ``-1``)."""
+    reset, cand, update = jnp.split(parts, 3, -1)
+    cand = jnp.tanh(jax.nn.sigmoid(reset) * cand)
+    update = jax.nn.sigmoid(update - 1.0)
+    return update * cand + (1.0 - update) * deter
+
+
 class WorldModel(nn.Module):
     """Encoder, RSSM (layer-normalised GRU + categorical latents) and the three heads."""
 
@@ -512,12 +517,7 @@ class WorldModel(nn.Module):
     def core(self, deter, stoch, action_onehot):
         """GRU step ``h' = f(h, z, a)``."""
         x = nn.silu(self.img_norm(self.img_in(jnp.concatenate([stoch, action_onehot], -1))))
-        parts = self.gru_norm(self.gru(jnp.concatenate([x, deter], -1)))
-        reset, cand, update = jnp.split(parts, 3, -1)
-        reset = jax.nn.sigmoid(reset)
-        cand = jnp.tanh(reset * cand)
-        update = jax.nn.sigmoid(update - 1.0)
-        return update * cand + (1.0 - update) * deter
+        return gru_update(self.gru_norm(self.gru(jnp.concatenate([x, deter], -1))), deter)
 
     def prior(self, deter):
         return self.prior_net(deter).reshape(deter.shape[:-1] + (self.latents, self.classes))
@@ -595,11 +595,7 @@ class ConvWorldModel(nn.Module):
         h, z = self.cells(deter), self.cells(stoch)
         a = jnp.broadcast_to(action_onehot[..., None, None, :], h.shape[:-1] + (self.action_dim,))
         x = nn.silu(self.img_norm(self.img_in(neighbourhoods(jnp.concatenate([h, z, a], -1)))))
-        parts = self.gru_norm(self.gru(jnp.concatenate([x, h], -1)))
-        reset, cand, update = jnp.split(parts, 3, -1)
-        cand = jnp.tanh(jax.nn.sigmoid(reset) * cand)
-        update = jax.nn.sigmoid(update - 1.0)
-        return self.flat(update * cand + (1.0 - update) * h)
+        return self.flat(gru_update(self.gru_norm(self.gru(jnp.concatenate([x, h], -1))), h))
 
     def prior(self, deter):
         out = self.prior_net(self.cells(deter))
@@ -643,8 +639,8 @@ class Critic(nn.Module):
 
 
 class Latent(NamedTuple):
-    deter: jax.Array  # [..., deter_size]
-    stoch: jax.Array  # [..., num_latents * num_classes], one-hot per latent
+    deter: jax.Array  # [..., deter_size] (world_model="conv": times the grid's cells)
+    stoch: jax.Array  # [..., num_latents * num_classes] (the same), one-hot per latent
 
 
 class Dataset(NamedTuple):

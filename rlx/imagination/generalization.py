@@ -49,9 +49,10 @@ PPO_ROW = "model-free PPO, same real steps (online)"
 # 8-class categorical per cell. The reconstruction weighs 10x: the moving agent is one cell of 81, and at the
 # default weight the posterior stops encoding it (KL is cheaper than its squared error). Imagination runs from
 # 64 of the batch's 256 posterior states, a quarter of the compute.
+SPATIAL_MODEL = dict(world_model="conv", deter_size=16, num_latents=1, num_classes=8, recon_coef=10.0,
+                     imagine_starts=64)
 DREAMER = dict(num_envs=COLLECT_ENVS, num_steps=16, capacity_steps=REAL_STEPS // COLLECT_ENVS, batch_size=8,
-               seq_len=32, horizon=15, gamma=0.97, ent_coef=3e-3, train_ratio=1 / 512, world_model="conv",
-               deter_size=16, num_latents=1, num_classes=8, recon_coef=10.0, imagine_starts=64)
+               seq_len=32, horizon=15, gamma=0.97, ent_coef=3e-3, train_ratio=1 / 512, **SPATIAL_MODEL)
 PPO = dict(num_envs=16, num_steps=64, num_epochs=4, num_minibatches=4, lr=5e-4, ent_coef=0.01, gamma=0.97,
            hidden_sizes=(64, 64))
 
@@ -237,7 +238,6 @@ def reproduce(out: Path, quick: bool, skip_training: bool, seeds: int = SEEDS, t
     from rlx.envs import registry
 
     level_counts = check_level_counts(tasks)
-
     out.mkdir(parents=True, exist_ok=True)
     suffix = "_quick" if quick else ""
     saved, path = out / f"generalization{suffix}.json", out / f"generalization{suffix}.md"

@@ -37,10 +37,8 @@ def maze_models() -> dict:
     grid flattened into MLPs, the study's model until 2026-12-02)."""
     from rlx.imagination import generalization
 
-    spatial = dict(generalization.DREAMER)
-    flat = {k: v for k, v in spatial.items()
-            if k not in ("world_model", "deter_size", "num_latents", "num_classes", "recon_coef", "imagine_starts")}
-    return {"spatial RSSM": spatial, "flat RSSM": flat}
+    flat = {k: v for k, v in generalization.DREAMER.items() if k not in generalization.SPATIAL_MODEL}
+    return {"spatial RSSM": dict(generalization.DREAMER), "flat RSSM": flat}
 
 
 def held_out(config, env, params, key):
