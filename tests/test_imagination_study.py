@@ -32,6 +32,15 @@ def test_presets_are_read_as_rlx_train_reads_them():
     assert ppo_config.num_envs == 4 and ppo_config.hidden_sizes == config.hidden_sizes  # same network sizes
 
 
+def test_dreamer_maze_preset_has_the_generalization_study_world_model():
+    from rlx.imagination import generalization
+
+    module, config, _, _ = study.preset_parts("dreamer_maze")
+    assert module.__name__ == "rlx.agents.dreamer"
+    for field in (*generalization.SPATIAL_MODEL, "horizon", "batch_size", "seq_len", "gamma", "ent_coef"):
+        assert getattr(config, field) == generalization.DREAMER[field], field
+
+
 def test_table_names_the_ratio_and_the_target():
     row = lambda first, stays: {"preset": "p", "budget": 8192, "first": first, "returns": [[500.0, 500.0]],  # noqa: E731
                                 "median_first": study.median_steps(first), "median_settled": study.median_steps(stays),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -61,3 +63,37 @@ def test_dagger_labels_are_conflict_free_pibt_steps_and_replay_reaches_the_learn
     np.testing.assert_array_equal(replayed_labels, labels[1])
     _, metrics = agent.update(agent.init(jax.random.PRNGKey(2)))
     assert np.isfinite(metrics["loss"])
+
+
+def test_reproduce_refines_a_copy_of_the_map_policy_run_once_and_keeps_both(run_cli, tmp_path):
+    """``study.refine_copy``: DAgger writes a newer checkpoint into a copy (the behaviour-cloning run keeps its
+    parameters for its own row); rerunning the same schedule is a no-op; another one moves the old copy aside."""
+    from rlx.envs.mapf import study
+    from rlx.runner.checkpoints import load_raw
+
+    source = tmp_path / "run"
+    done = run_cli("+exp=mapf_map_policy", "env.options.pool_size=4", "env.options.num_agents=4",
+                   "algo.total_timesteps=1024", "algo.num_envs=2", "algo.channels=[8]", "run.eval_episodes=2",
+                   "run.chunk_updates=4", "run.eval_every_chunks=1")
+    assert done.returncode == 0, done.stderr[-2000:]
+    before, progress = load_raw(source)
+    target = tmp_path / "refined"
+    rounds = ((1, dict(rollout_maps=2, updates=2)),)
+    study.refine_copy(source, target, rounds)
+
+    refined, refined_progress = load_raw(target)
+    assert refined_progress["updates_done"] == progress["updates_done"] + 2
+    after, _ = load_raw(source)
+    leaves = lambda tree: jax.tree.leaves(tree["params"])  # noqa: E731
+    assert all(np.array_equal(a, b) for a, b in zip(leaves(before), leaves(after)))  # the source is untouched
+    assert any(not np.array_equal(a, b) for a, b in zip(leaves(before), leaves(refined)))
+    assert json.loads((target / "dagger.json").read_text())["rounds"] == [[1, {"rollout_maps": 2, "updates": 2}]]
+
+    stamp = (target / "dagger.json").stat().st_mtime_ns
+    study.refine_copy(source, target, rounds)  # the same schedule on the same run: kept as it is
+    assert (target / "dagger.json").stat().st_mtime_ns == stamp
+
+    study.refine_copy(source, target, ((1, dict(rollout_maps=2, updates=1)),))
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("refined.")]
+    assert len(aside) == 1 and (aside[0] / "dagger.json").exists()  # the earlier refinement is kept, moved aside
+    assert load_raw(target)[1]["updates_done"] == progress["updates_done"] + 1
