@@ -39,6 +39,8 @@ def test_dreamer_maze_preset_has_the_generalization_study_world_model():
     assert module.__name__ == "rlx.agents.dreamer"
     for field in (*generalization.SPATIAL_MODEL, "horizon", "batch_size", "seq_len", "gamma", "ent_coef"):
         assert getattr(config, field) == generalization.DREAMER[field], field
+    _, gpu_config, _, _ = study.preset_parts("dreamer_maze_gpu")  # valid, and the same kind of model, scaled up
+    assert gpu_config.world_model == "conv" and gpu_config.deter_size > config.deter_size
 
 
 def test_table_names_the_ratio_and_the_target():
