@@ -152,3 +152,29 @@ def test_generalization_keeps_saved_rows_only_from_the_same_settings(tmp_path):
     assert generalization.kept_results(saved, settings) == {"64": {"row": 1}}
     flat = {k: v for k, v in generalization.DREAMER.items() if k not in generalization.SPATIAL_MODEL}
     assert generalization.kept_results(saved, {**settings, "dreamer": flat}) == {}
+
+
+def test_generalization_keeps_rows_another_process_saved_while_it_ran(tmp_path, monkeypatch):
+    """Two processes running different N (``--tasks 16`` and ``--tasks 256``) both end up in the table."""
+    import json
+
+    from rlx.imagination import generalization
+
+    def other_process_finishes_meanwhile(env, n, seeds, grad_steps, real_steps):
+        saved = json.loads((tmp_path / "generalization_quick.json").read_text())
+        saved["results"]["256"] = {"dream-augmented imagination": generalization.summarize(
+            np.array([0.3, 0.5]), np.array([0.2, 0.4]))}
+        (tmp_path / "generalization_quick.json").write_text(json.dumps(saved))
+        return {"classic imagination": (np.array([0.1, 0.3]), np.array([0.1, 0.2]))}
+
+    monkeypatch.setattr(generalization, "dreamer_rows", other_process_finishes_meanwhile)
+    monkeypatch.setattr(generalization, "reference_rows", lambda *args: {})
+    monkeypatch.setattr(generalization, "optimal_returns", lambda env, n: (0.9, 0.9))
+    settings = {"quick": True, "seeds": 2, "real_steps": 2048, "grad_steps": 20, "dreamer": generalization.DREAMER,
+                "minutes": 1.0}
+    (tmp_path / "generalization_quick.json").write_text(json.dumps({"settings": settings, "results": {}}))
+    generalization.reproduce(tmp_path, quick=True, skip_training=False, tasks=("16",))
+    results = json.loads((tmp_path / "generalization_quick.json").read_text())["results"]
+    assert list(results) == ["16", "256"]
+    assert results["16"]["classic imagination"]["test_mean"] == pytest.approx(0.15)
+    assert "### N = 256 training levels" in (tmp_path / "generalization_quick.md").read_text()

@@ -236,7 +236,8 @@ def check_level_counts(tasks) -> tuple[int, ...]:
 
 def reproduce(out: Path, quick: bool, skip_training: bool, seeds: int = SEEDS, tasks=None) -> Path:
     """Run every N, or the N in ``tasks`` (``skip_training``: re-render the saved json), and write
-    ``generalization{_quick}.md``/``.json``. Rows of other N saved by a run with the same settings stay."""
+    ``generalization{_quick}.md``/``.json``. Rows of other N saved by a run with the same settings stay, also
+    those that another process running other N (``--tasks``) saves meanwhile: one process per core and N."""
     from rlx.envs import registry
 
     level_counts = check_level_counts(tasks)
@@ -250,16 +251,20 @@ def reproduce(out: Path, quick: bool, skip_training: bool, seeds: int = SEEDS, t
     settings = {"quick": quick, "seeds": 2 if quick else seeds, "real_steps": 2048 if quick else REAL_STEPS,
                 "grad_steps": 20 if quick else GRAD_STEPS, "dreamer": DREAMER, "minutes": 0.0}
     env, _ = registry.make("maze")
-    started, results = time.time(), kept_results(saved, settings)
+    started, mine = time.time(), {}
     for n in level_counts:  # the files are rewritten after each N: a long study keeps what it has
         rows = {**dreamer_rows(env, n, settings["seeds"], settings["grad_steps"], settings["real_steps"]),
                 **reference_rows(env, n, settings["seeds"], settings["real_steps"])}
-        results[str(n)] = {label: summarize(*values) for label, values in rows.items()}
-        results = {key: results[key] for key in sorted(results, key=int)}
+        mine[str(n)] = {label: summarize(*values) for label, values in rows.items()}
         train_opt, test_opt = optimal_returns(env, n)
-        results[str(n)]["optimal (shortest path)"] = {"train": train_opt, "test": test_opt}
+        mine[str(n)]["optimal (shortest path)"] = {"train": train_opt, "test": test_opt}
+        # read the file again just before writing: processes running other N at the same time keep theirs
+        results = {**kept_results(saved, settings), **mine}
+        results = {key: results[key] for key in sorted(results, key=int)}
         settings["minutes"] = (time.time() - started) / 60
-        saved.write_text(json.dumps({"settings": settings, "results": results}, indent=1))
+        partial = saved.with_suffix(".json.partial")  # then renamed: a reader never sees half a file
+        partial.write_text(json.dumps({"settings": settings, "results": results}, indent=1))
+        partial.replace(saved)
         path.write_text(markdown(results, settings))
     print(path.read_text())
     return path
