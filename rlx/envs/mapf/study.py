@@ -148,19 +148,15 @@ def refine_copy(source: Path, target: Path, rounds: tuple) -> None:
 def reproduce(out: Path, quick: bool, skip_training: bool) -> Path:
     maps = 8 if quick else 128
     runs, suffix = out / "runs", "_quick" if quick else ""
-    learned = {"map policy (centralized, imitates PIBT)": ("mapf_map_policy", runs / f"mapf_map_policy{suffix}"),
-               "MAPPO (decentralized, local windows)": ("mappo_mapf_random", runs / f"mappo_mapf_random{suffix}")}
-    refined = runs / f"mapf_map_policy_dagger{suffix}"
-    quick_overrides = ("algo.total_timesteps=4096", "env.options.pool_size=16", "run.eval_episodes=4")
-    for preset, run_dir in learned.values():
-        if not skip_training:
-            train(preset, run_dir, quick_overrides if quick else ())
+    cloned, refined, mappo = (runs / f"{name}{suffix}" for name in
+                              ("mapf_map_policy", "mapf_map_policy_dagger", "mappo_mapf_random"))
     if not skip_training:
-        refine_copy(learned["map policy (centralized, imitates PIBT)"][1], refined,
-                    QUICK_DAGGER_ROUNDS if quick else DAGGER_ROUNDS)
-    learned = dict(list(learned.items())[:1] + [(DAGGER_LABEL, ("mapf_map_policy", refined))]
-                   + list(learned.items())[1:])  # rows: the map policy, then refined, then MAPPO
-    loaded = load_learned({label: run_dir for label, (_, run_dir) in learned.items()})
+        quick_overrides = ("algo.total_timesteps=4096", "env.options.pool_size=16", "run.eval_episodes=4")
+        for preset, run_dir in (("mapf_map_policy", cloned), ("mappo_mapf_random", mappo)):
+            train(preset, run_dir, quick_overrides if quick else ())
+        refine_copy(cloned, refined, QUICK_DAGGER_ROUNDS if quick else DAGGER_ROUNDS)
+    loaded = load_learned({"map policy (centralized, imitates PIBT)": cloned, DAGGER_LABEL: refined,
+                           "MAPPO (decentralized, local windows)": mappo})
     rows: dict[str, dict[int, dict]] = {}
     started = time.time()
     for n in AGENT_COUNTS:
