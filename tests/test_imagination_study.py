@@ -1,6 +1,8 @@
 """The sample-efficiency study (rlx/imagination/sample_efficiency.py): its step counting and its presets."""
 
 import math
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -8,15 +10,20 @@ import pytest
 from rlx.imagination import sample_efficiency as study
 
 
-def test_steps_to_target_first_touch_and_staying():
-    steps = [1000, 2000, 3000, 4000]
-    returns = np.array([[100, 480, 500],  # one column per seed
-                        [480, 470, 500],
-                        [200, 490, 500],
-                        [490, 490, 100]]).astype(float)
-    first, stays = study.steps_to_target(steps, returns, 475.0)
-    assert first == [2000, 1000, 1000]
-    assert stays == [4000, 3000, None]  # seed 2 falls back below at the last evaluation
+def test_steps_to_target_first_touch_holding_and_staying():
+    steps = [1000, 2000, 3000, 4000, 5000]
+    returns = np.array([[100, 480, 500, 480],  # one column per seed
+                        [480, 470, 500, 480],
+                        [200, 490, 500, 480],
+                        [490, 490, 100, 400],
+                        [490, 490, 500, 480]]).astype(float)
+    metrics = study.steps_to_target(steps, returns, 475.0, hold=2)
+    assert metrics["first"] == [2000, 1000, 1000, 1000]
+    assert metrics["held"] == [4000, 3000, 1000, 1000]  # two evaluations in a row at or above 475
+    assert metrics["settled"] == [4000, 3000, 5000, 5000]  # seeds 2 and 3 dip at the 4th evaluation
+    # a window cut short by the end of the run counts when every evaluation left in it is above the target
+    assert study.steps_to_target(steps, returns, 475.0, hold=4)["held"] == [4000, 3000, 5000, 5000]
+    assert study.steps_to_target(steps, returns[:3], 475.0, hold=2)["held"] == [None, 3000, 1000, 1000]
 
 
 def test_median_counts_a_seed_that_never_arrives_as_infinite():
@@ -43,15 +50,20 @@ def test_dreamer_maze_preset_has_the_generalization_study_world_model():
     assert gpu_config.world_model == "conv" and gpu_config.deter_size > config.deter_size
 
 
-def test_table_names_the_ratio_and_the_target():
-    row = lambda first, stays: {"preset": "p", "budget": 8192, "first": first, "returns": [[500.0, 500.0]],  # noqa: E731
-                                "median_first": study.median_steps(first), "median_settled": study.median_steps(stays),
-                                "train_seconds": 1.0, "compile_seconds": 2.0}
-    results = {"CartPole-v1": {"dyna_ppo": row([1024, 2048], [2048, 2048]),
-                               "PPO (model-free)": row([4096, 8192], [8192, 16384])}}
-    table = study.markdown(results, 2, quick=False)
-    assert "first 0.25, stays 0.17" in table and "HOLDS for reaching 475 to stay" in table
-    assert "| dyna_ppo | `p` | 8.2k | 1.5k / 2.0k | 1.0k, 2.0k |" in table
+def test_table_names_the_ratios_and_judges_the_target_on_holding():
+    def row(*per_seed_returns):  # evaluations every 1024 steps, one column per seed
+        returns = np.array(per_seed_returns, float).T.tolist()
+        return {"preset": "p", "budget": 1024 * len(returns), "steps": [1024 * (i + 1) for i in range(len(returns))],
+                "returns": returns, "train_seconds": 1.0, "compile_seconds": 2.0}
+
+    hold = [500.0] * study.HOLD_EVALUATIONS
+    results = {"CartPole-v1": {"dyna_ppo": row([500.0, *hold], [0.0, *hold]),
+                               "PPO (model-free)": row([0.0] * 3 + [500.0, 0.0] + hold, [0.0] * 5 + hold)}}
+    path = study.write_table(Path(tempfile.mkdtemp()) / "table.md", results, quick=False)
+    table = path.read_text()
+    # dyna: first = held = stays 1,024 / 2,048 (median 1,536); PPO: first 4,096 / 6,144, held = stays 6,144
+    assert "first 0.30, held 0.25, stays 0.25. Target <= 0.25 (held): HOLDS" in table
+    assert "| dyna_ppo | `p` | 6.1k | 1.5k / 1.5k / 1.5k | 1.0k, 2.0k |" in table
 
 
 # --------------------------------------------------------------------------- generalization with dreams
