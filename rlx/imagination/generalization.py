@@ -194,8 +194,9 @@ def markdown(results: dict, settings: dict) -> str:
              f"seed, {settings['grad_steps']:,} gradient steps; returns of sampled actions over "
              f"{EVAL_EPISODES} episodes per seed on the training levels and on unseen levels; mean ± 95% "
              f"Student-t interval over seeds; gap = train - test. Dream strengths: {DREAMS}. "
-             f"{settings['minutes']:.0f} min.", ""]
-    for n, rows in results.items():
+             f"{settings['minutes']:.0f} min for the N of the run that wrote last "
+             "(each N about an hour on one core).", ""]
+    for n, rows in sorted(results.items(), key=lambda item: int(item[0])):  # N ascending, whichever process wrote first
         optimum = rows.get("optimal (shortest path)")
         lines += [f"### N = {n} training levels", "",
                   "| method | train levels | unseen levels | gap | test per seed |", "|---|---:|---:|---:|---|"]
