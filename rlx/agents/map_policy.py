@@ -10,6 +10,15 @@ cell, and each agent takes the action of the cell it stands on. One model
 therefore serves any map size and any number of agents; conflicts between the
 chosen moves are left to the environment's collision rules.
 
+Agents sampling at once cannot coordinate: two agents that each move half the
+time collide or both wait as often as one of them goes. With
+``decode_rounds=K`` they decide in K rounds instead (in the spirit of MaskGIT's
+iterative decoding): each round every undecided agent samples a move, the most
+confident ones (a growing share, all of them by the last round) keep theirs, and
+the next rounds see the kept moves as extra input planes (each decided agent's
+action, one-hot, on its cell). Training shows the network a random share of
+agents already decided on the expert's actions and scores only the others.
+
 Training is behaviour cloning of an expert's joint actions (e.g. PIBT): each
 update draws ``num_envs`` instances from the environment's pool, replays the
 expert's actions there for ``num_steps`` steps (so the states are the
@@ -62,6 +71,7 @@ class Config:
     num_steps: int = static(128)  # expert steps replayed per instance
     samples_per_episode: int = static(8)  # of those, steps in the loss
     channels: tuple = static((32, 32, 32, 32, 32, 32))  # one 3x3 convolution per entry
+    decode_rounds: int = static(1)  # 1: agents choose independently; K > 1: in K rounds, each seeing earlier choices
     anneal_lr: bool = static(True)
 
     @property
@@ -82,6 +92,7 @@ def validate(config: Config) -> None:
         ("num_envs", config.num_envs >= 1, "must be >= 1"),
         ("num_steps", config.num_steps >= 1, "must be >= 1"),
         ("samples_per_episode", 1 <= config.samples_per_episode <= config.num_steps, "must be in [1, num_steps]"),
+        ("decode_rounds", config.decode_rounds >= 1, "must be >= 1"),
         ("channels", len(config.channels) >= 1 and all(int(c) >= 1 for c in config.channels),
          "needs at least one layer, every width >= 1"),
         ("total_timesteps", config.num_updates >= 1, f"must be >= one batch ({config.batch_size})"),
@@ -119,6 +130,21 @@ class FullyConvolutional(nn.Module):
             y = nn.relu(nn.Dense(width)(neighbourhoods(x)))
             x = x + y if x.shape[-1] == width else y
         return nn.Dense(NUM_ACTIONS, kernel_init=nn.initializers.orthogonal(0.01))(x)
+
+
+def committed_planes(me, committed, actions):
+    """``[..., H, W, 5]``: the one-hot action of each committed agent at its cell (zeros elsewhere)."""
+    chosen = jax.nn.one_hot(actions, NUM_ACTIONS) * committed[..., None]
+    return jnp.einsum("...nhw,...na->...hwa", me, chosen)
+
+
+def commit_most_confident(committed, sampled, actions, confidence, count):
+    """Commit, among the uncommitted agents, the ``count`` (``[...]``) with the highest ``confidence``
+    ``[..., n]`` to their ``sampled`` action; returns the new (committed, actions)."""
+    score = jnp.where(committed, -jnp.inf, confidence)
+    rank = jnp.argsort(jnp.argsort(-score, axis=-1), axis=-1)
+    new = ~committed & (rank < count[..., None])
+    return committed | new, jnp.where(new, sampled, actions)
 
 
 def agent_logits(cell_logits, me):
@@ -174,19 +200,42 @@ def make(config: Config, env, env_params) -> Agent:
                     weight_decay=config.weight_decay),
     )
 
+    rounds = config.decode_rounds
+    extra = NUM_ACTIONS if rounds > 1 else 0  # committed-action planes in the input
+
+    def cell_logits_of(params, planes, me, committed, actions):
+        if rounds > 1:
+            planes = jnp.concatenate([planes, committed_planes(me, committed, actions)], -1)
+        return network.apply(params, planes)
+
     def logits_of(policy: Policy, obs):
+        """Each agent's logits with no choice made yet (the first decoding round)."""
         planes, me = obs[..., 0, :, :, :features], obs[..., features]
-        return agent_logits(network.apply(policy.params, planes), me)
+        nobody = jnp.zeros(me.shape[:-2], bool)
+        return agent_logits(cell_logits_of(policy.params, planes, me, nobody, nobody.astype(jnp.int32)), me)
 
     def act(policy: Policy, obs, key, greedy: bool = False, mask=None):
-        logits = logits_of(policy, obs)
-        if mask is not None:
-            logits = jnp.where(mask, logits, -1e9)
-        return jnp.where(greedy, jnp.argmax(logits, -1), jax.random.categorical(key, logits)).astype(jnp.int32)
+        """Sample every agent's action; with ``decode_rounds`` K > 1, in K rounds, each round fixing the
+        most confident share of the undecided agents, whose choices the next rounds see in their input."""
+        planes, me = obs[..., 0, :, :, :features], obs[..., features]
+        active = jnp.sum(me, (-2, -1)) > 0
+        committed, actions = ~active, jnp.zeros(active.shape, jnp.int32)  # agents without a cell: nothing to do
+        sample_keys = jax.random.split(key, rounds) if rounds > 1 else [key]  # one round: the key as given
+        for k, sample_key in enumerate(sample_keys):
+            logits = agent_logits(cell_logits_of(policy.params, planes, me, committed, actions), me)
+            if mask is not None:
+                logits = jnp.where(mask, logits, -1e9)
+            sampled = jnp.where(greedy, jnp.argmax(logits, -1), jax.random.categorical(sample_key, logits))
+            sampled = sampled.astype(jnp.int32)
+            confidence = jnp.take_along_axis(jax.nn.log_softmax(logits), sampled[..., None], -1)[..., 0]
+            target = -(-jnp.sum(active, -1) * (k + 1) // rounds)  # ceil: all of them after the last round
+            count = target - jnp.sum(committed & active, -1)
+            committed, actions = commit_most_confident(committed, sampled, actions, confidence, count)
+        return actions
 
     def init(key) -> TrainState:
         net_key, key = jax.random.split(key)
-        params = network.init(net_key, jnp.zeros(obs_spec.shape[1:-1] + (features,)))
+        params = network.init(net_key, jnp.zeros(obs_spec.shape[1:-1] + (features + extra,)))
         return TrainState(params=params, opt_state=optimizer.init(params), key=key,
                           update_step=jnp.asarray(0, jnp.int32), env_steps=jnp.asarray(0, jnp.int32))
 
@@ -207,16 +256,28 @@ def make(config: Config, env, env_params) -> Agent:
 
         return jax.lax.scan(step, (obs, env_state, key), jnp.arange(steps))[1]
 
-    def loss_fn(params, planes, cells, active, actions):
-        cell_logits = network.apply(params, planes)  # [S, H, W, 5]
+    def loss_fn(params, planes, cells, active, actions, committed):
+        """Cross-entropy of the expert's action of every active agent not already committed to it."""
+        height, width = planes.shape[-3], planes.shape[-2]
+        me = (jax.nn.one_hot(cells, height * width) * active[..., None]).reshape(cells.shape + (height, width))
+        cell_logits = cell_logits_of(params, planes, me, committed, actions)  # [S, H, W, 5]
         flat = cell_logits.reshape(cell_logits.shape[0], -1, NUM_ACTIONS)
         logits = jnp.take_along_axis(flat, cells[..., None], axis=1)  # [S, n, 5]
         log_p = jax.nn.log_softmax(logits)
         chosen = jnp.take_along_axis(log_p, actions[..., None].astype(jnp.int32), -1)[..., 0]
-        weight = active.astype(jnp.float32)
+        weight = (active & ~committed).astype(jnp.float32)
         loss = -jnp.sum(chosen * weight) / jnp.maximum(weight.sum(), 1.0)
         accuracy = jnp.sum((jnp.argmax(logits, -1) == actions) * weight) / jnp.maximum(weight.sum(), 1.0)
         return loss, accuracy
+
+    def commit_at_random(key, active):
+        """Training's stand-in for earlier decoding rounds: each sample commits a uniformly random share of
+        its agents to the expert's actions (none when ``decode_rounds`` is 1)."""
+        if rounds == 1:
+            return jnp.zeros_like(active)
+        share_key, agent_key = jax.random.split(key)
+        share = jax.random.uniform(share_key, active.shape[:1] + (1,))
+        return active & (jax.random.uniform(agent_key, active.shape) < share)
 
     def update(state: TrainState):
         key, pick_key, replay_key, sample_key = jax.random.split(state.key, 4)
@@ -229,6 +290,7 @@ def make(config: Config, env, env_params) -> Agent:
         take = lambda x: jnp.take_along_axis(  # noqa: E731
             x, picks.reshape(picks.shape + (1,) * (x.ndim - 2)), axis=1).reshape((-1,) + x.shape[2:])
         batch = (take(planes), take(cells), take(active), take(actions))
+        batch = (*batch, commit_at_random(jax.random.fold_in(sample_key, 1), batch[2]))
         (loss, accuracy), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, *batch)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)

@@ -1,0 +1,62 @@
+"""The centralized map policy's decoding (rlx/agents/map_policy.py): agents deciding in rounds."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlx.agents import map_policy as mp
+
+
+def test_committed_planes_put_each_committed_agents_action_on_its_cell():
+    me = np.zeros((3, 4, 5), np.float32)
+    cells = [(0, 1), (2, 3), (3, 0)]
+    for agent, (r, c) in enumerate(cells):
+        me[agent, r, c] = 1.0
+    committed, actions = jnp.array([True, False, True]), jnp.array([4, 2, 1])
+    planes = np.asarray(mp.committed_planes(jnp.asarray(me), committed, actions))
+    expected = np.zeros((4, 5, mp.NUM_ACTIONS), np.float32)
+    expected[0, 1, 4] = expected[3, 0, 1] = 1.0  # agent 1 is not committed: nothing at (2, 3)
+    np.testing.assert_array_equal(planes, expected)
+
+
+def test_commit_most_confident_fixes_the_most_confident_undecided_agents():
+    committed = jnp.array([[True, False, False, False, False]])
+    actions = jnp.array([[3, 0, 0, 0, 0]])
+    sampled = jnp.array([[1, 2, 3, 4, 1]])
+    confidence = jnp.array([[0.0, -0.5, -0.1, -2.0, -0.3]])  # agent 0 is most confident but already decided
+    new_committed, new_actions = mp.commit_most_confident(committed, sampled, actions, confidence, jnp.array([2]))
+    np.testing.assert_array_equal(new_committed, [[True, False, True, False, True]])
+    np.testing.assert_array_equal(new_actions, [[3, 0, 3, 0, 1]])  # the committed agent keeps its action
+
+
+def coin_flip_pool(count: int, key) -> mp.ToyParams:
+    """Two agents that could both step right; the expert moves exactly one of them, chosen by a coin."""
+    starts = jnp.broadcast_to(jnp.array([[0, 0], [3, 0]]), (count, 2, 2))
+    goals = jnp.broadcast_to(jnp.array([[0, 5], [3, 5]]), (count, 2, 2))
+    first = jax.random.bernoulli(key, 0.5, (count,))
+    actions = jnp.where(first[:, None], jnp.array([4, 0]), jnp.array([0, 4]))[:, None, :]  # [M, T=1, n]
+    return mp.ToyParams(starts, goals, actions)
+
+
+@pytest.mark.parametrize("rounds, lowest, highest", [(1, 0.35, 0.65), (2, 0.9, 1.0)])
+def test_rounds_let_agents_coordinate_where_independent_choices_cannot(rounds, lowest, highest):
+    env = mp.ToyGrid(num_agents=2)
+    params = coin_flip_pool(256, jax.random.PRNGKey(0))
+    config = mp.Config(total_timesteps=64 * 300, num_envs=64, num_steps=1, samples_per_episode=1,
+                       channels=(32, 32, 32), lr=3e-3, decode_rounds=rounds)
+    mp.validate(config)
+    state, _ = jax.jit(lambda k: mp.train(config, env, params, k))(jax.random.PRNGKey(1))
+    agent = mp.make(config, env, params)
+    obs, _ = env.reset_to(0, None, params)
+    actions = jax.jit(jax.vmap(lambda k: agent.act(state.policy, obs, k)))(jax.random.split(jax.random.PRNGKey(2), 512))
+    moves = np.asarray(actions) == 4
+    assert np.all((np.asarray(actions) == 0) | moves)  # the expert only ever waits or steps right
+    exactly_one = float(np.mean(moves.sum(-1) == 1))
+    # each agent alone moves half the time: independent choices give exactly one mover about half the time
+    assert lowest <= exactly_one <= highest, exactly_one
+
+
+def test_decode_rounds_must_be_positive():
+    with pytest.raises(ValueError, match="decode_rounds=0"):
+        mp.validate(mp.Config(decode_rounds=0))
