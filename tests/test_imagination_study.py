@@ -1,8 +1,6 @@
 """The sample-efficiency study (rlx/imagination/sample_efficiency.py): its step counting and its presets."""
 
 import math
-import tempfile
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -50,7 +48,7 @@ def test_dreamer_maze_preset_has_the_generalization_study_world_model():
     assert gpu_config.world_model == "conv" and gpu_config.deter_size > config.deter_size
 
 
-def test_table_names_the_ratios_and_judges_the_target_on_holding():
+def test_table_names_the_ratios_and_judges_the_target_on_holding(tmp_path):
     def row(*per_seed_returns):  # evaluations every 1024 steps, one column per seed
         returns = np.array(per_seed_returns, float).T.tolist()
         return {"preset": "p", "budget": 1024 * len(returns), "steps": [1024 * (i + 1) for i in range(len(returns))],
@@ -59,7 +57,7 @@ def test_table_names_the_ratios_and_judges_the_target_on_holding():
     hold = [500.0] * study.HOLD_EVALUATIONS
     results = {"CartPole-v1": {"dyna_ppo": row([500.0, *hold], [0.0, *hold]),
                                "PPO (model-free)": row([0.0] * 3 + [500.0, 0.0] + hold, [0.0] * 5 + hold)}}
-    path = study.write_table(Path(tempfile.mkdtemp()) / "table.md", results, quick=False)
+    path = study.write_table(tmp_path / "table.md", results, quick=False)
     table = path.read_text()
     # dyna: first = held = stays 1,024 / 2,048 (median 1,536); PPO: first 4,096 / 6,144, held = stays 6,144
     assert "first 0.30, held 0.25, stays 0.25. Target <= 0.25 (held): HOLDS" in table

@@ -37,7 +37,7 @@ COLLECT_ENVS = 32
 GRAD_STEPS = 3_000  # world-model and actor-critic gradient steps on the collected data
 EVAL_EPISODES = 256
 EVAL_STEPS = 64  # the maze's max_steps_in_episode (the level sets are traced, so it is passed explicitly)
-SEEDS = 3  # about 105 min per N on one core; more seeds narrow the intervals (--seeds does not reach custom studies)
+SEEDS = 3  # about an hour per N on one core (2026-12-03); more seeds narrow the intervals (--seeds does not reach custom studies)
 DREAMS = dict(dream_noise=0.5, dream_interpolation=0.5, dream_perturbation=0.25)
 METHODS = {  # row label -> dreamer settings
     "dream-augmented imagination": DREAMS,

@@ -8,7 +8,8 @@ evaluation return first reaches the target ("first"), the first step from which 
 for ``HOLD_EVALUATIONS`` evaluations in a row ("held": the same test for both agents, whatever their
 budgets; the issue's target is judged on it), and the step after which it stays there until the end of
 the budget ("stays": a longer budget gives more chances to dip, so it favours the shorter run); the
-medians and the ratio dyna_ppo / PPO; and the wall-clock seconds of each run (compile time apart). Writes ``experiments/imagination/sample_efficiency.md`` and ``.json``.
+medians and the ratio dyna_ppo / PPO; and the wall-clock seconds of each run (compile time apart).
+Writes ``experiments/imagination/sample_efficiency.md`` and ``.json``.
 """
 
 from __future__ import annotations
