@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import struct
 
 from rlx.agents import map_policy as mp
 
@@ -60,3 +61,33 @@ def test_rounds_let_agents_coordinate_where_independent_choices_cannot(rounds, l
 def test_decode_rounds_must_be_positive():
     with pytest.raises(ValueError, match="decode_rounds=0"):
         mp.validate(mp.Config(decode_rounds=0))
+
+
+@struct.dataclass
+class RelabelledPool:
+    starts: jax.Array
+    goals: jax.Array
+    expert_actions: jax.Array  # [M, T, n], -1 where the expert was not asked
+    behaviour_actions: jax.Array  # [M, T, n]
+
+
+@pytest.mark.parametrize("unasked, expected", [(-1, 4), (0, 0)])
+def test_steps_labelled_minus_one_never_enter_the_loss(unasked, expected):
+    """Both agents step right four times; the expert labels steps 0 and 2 "right" and steps 1 and 3 with
+    ``unasked``. As -1 (not asked) those states get no loss term, and the policy carries "right" over to
+    them; labelled "wait" (0) instead, the same states learn to wait, so the network can tell them apart."""
+    env = mp.ToyGrid(num_agents=2)
+    count, steps = 16, 4
+    starts = jnp.broadcast_to(jnp.array([[0, 0], [3, 0]]), (count, 2, 2))
+    goals = jnp.broadcast_to(jnp.array([[0, 5], [3, 5]]), (count, 2, 2))
+    behaviour = jnp.full((count, steps, 2), 4)
+    expert = behaviour.at[:, 1::2].set(unasked)
+    params = RelabelledPool(starts, goals, expert, behaviour)
+    config = mp.Config(total_timesteps=16 * steps * 150, num_envs=16, num_steps=steps, samples_per_episode=2,
+                       channels=(32, 32, 32, 32), lr=3e-3)  # 9x9 receptive fields: each sees the goal differently
+    state, metrics = jax.jit(lambda k: mp.train(config, env, params, k))(jax.random.PRNGKey(0))
+    assert np.all(np.isfinite(np.asarray(metrics["loss"])))
+    agent = mp.make(config, env, params)
+    obs, env_state = env.reset_to(0, None, params)
+    obs, *_ = env.step_env(None, env_state, jnp.array([4, 4]), params)  # the state of step 1
+    np.testing.assert_array_equal(np.argmax(np.asarray(agent.logits(state.policy, obs)), -1), [expected, expected])

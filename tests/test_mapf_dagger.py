@@ -46,11 +46,13 @@ def test_dagger_labels_are_conflict_free_pibt_steps_and_replay_reaches_the_learn
     env = MapfEnv(10, 2, "soft", "nothing", pool, observation="map_priority")
     episodes = dagger.rollouts(env, pool, evaluation.random_actions(10), jax.random.PRNGKey(0))
     labels = dagger.pibt_labels(pool, np.arange(3), episodes["positions"], episodes["waiting"])
+    swap_labels = dagger.pibt_labels(pool, np.arange(3), episodes["positions"], episodes["waiting"], swap=True)
     assert labels.shape == episodes["actions"].shape == (3, 40, 10) and labels.any()
     for m, (grid, _, goals) in enumerate(drawn):
         for t in range(40):
             here = episodes["positions"][m, t]
-            experts.check_paths(grid, np.stack([here, here + experts.MOVES[labels[m, t]]]), goals)
+            for joint in (labels[m, t], swap_labels[m, t]):
+                experts.check_paths(grid, np.stack([here, here + experts.MOVES[joint]]), goals)
 
     bigger = dagger.aggregate(pool, np.arange(3), episodes["actions"], labels)
     assert bigger.blocked.shape[0] == 6 and bigger.behaviour_actions.shape == (6, 40, 10)
@@ -65,9 +67,26 @@ def test_dagger_labels_are_conflict_free_pibt_steps_and_replay_reaches_the_learn
     assert np.isfinite(metrics["loss"])
 
 
+def test_lacam_labels_a_few_states_per_episode_with_conflict_free_moves_and_marks_the_rest_unasked():
+    drawn, _, pool = small_pool()
+    env = MapfEnv(10, 2, "soft", "nothing", pool, observation="map_priority")
+    episodes = dagger.rollouts(env, pool, evaluation.random_actions(10), jax.random.PRNGKey(0))
+    labels = dagger.lacam_labels(pool, np.arange(3), episodes["positions"], episodes["waiting"],
+                                 steps_per_episode=5, node_limit=200, processes=1)
+    asked = np.all(labels >= 0, axis=-1)
+    assert np.all(asked | np.all(labels == -1, axis=-1))  # a step is asked about for all agents or for none
+    np.testing.assert_array_equal(asked.sum(1), [5, 5, 5])
+    assert labels[asked].any()
+    for m, (grid, _, goals) in enumerate(drawn):
+        for t in np.nonzero(asked[m])[0]:
+            here = episodes["positions"][m, t]
+            experts.check_paths(grid, np.stack([here, here + experts.MOVES[labels[m, t]]]), goals)
+
+
 def test_reproduce_refines_a_copy_of_the_map_policy_run_once_and_keeps_both(run_cli, tmp_path):
     """``study.refine_copy``: DAgger writes a newer checkpoint into a copy (the behaviour-cloning run keeps its
-    parameters for its own row); rerunning the same schedule is a no-op; another one moves the old copy aside."""
+    parameters for its own row); rerunning the same schedule is a no-op; a longer one that starts with it goes
+    on from it; another one moves the old copy aside."""
     from rlx.envs.mapf import study
     from rlx.runner.checkpoints import load_raw
 
@@ -92,6 +111,12 @@ def test_reproduce_refines_a_copy_of_the_map_policy_run_once_and_keeps_both(run_
     stamp = (target / "dagger.json").stat().st_mtime_ns
     study.refine_copy(source, target, rounds)  # the same schedule on the same run: kept as it is
     assert (target / "dagger.json").stat().st_mtime_ns == stamp
+
+    longer = rounds + ((1, dict(rollout_maps=2, updates=3)),)
+    study.refine_copy(source, target, longer)  # a longer schedule goes on from the finished first round
+    assert load_raw(target)[1]["updates_done"] == progress["updates_done"] + 2 + 3
+    assert json.loads((target / "dagger.json").read_text())["rounds"] == [[count, options] for count, options in longer]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("refined.")]
 
     study.refine_copy(source, target, ((1, dict(rollout_maps=2, updates=1)),))
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("refined.")]

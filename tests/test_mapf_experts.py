@@ -25,6 +25,7 @@ def draw(seed, side, density, agents):
 
 # LaCAM within a small node budget: its partial answers must be valid too
 ALWAYS_VALID = {"pibt": lambda grid, s, g, side: experts.pibt(grid, s, g, max_steps=3 * side),
+                "pibt_swap": lambda grid, s, g, side: experts.pibt(grid, s, g, max_steps=3 * side, swap=True),
                 "lacam": lambda grid, s, g, side: experts.lacam(grid, s, g, max_steps=4 * side, node_limit=300)}
 
 
@@ -67,6 +68,24 @@ def test_lacam_solves_a_corridor_swap_where_pibt_goes_round_in_circles():
         assert solution.finished.all()
         experts.check_paths(grid, solution.paths, goals, solution.finished)
         assert len(solution.paths) - 1 <= 10  # it finds 6- or 7-step solutions with these seeds
+
+
+def test_pibt_swap_lets_agents_pass_head_on_at_a_dead_end():
+    """One agent must reach the bottom of a dead-end pocket that another is leaving: plain PIBT pushes the
+    other back into the pocket (and mostly goes round in circles); with the swap operation the first backs
+    out to the junction, pulling the other after it, steps aside, and both arrive, with every seed."""
+    grid = maps.from_strings([".....", "##.##", "##.##"])
+    cases = [(np.array([[0, 2], [2, 2]]), np.array([[2, 2], [0, 0]])),
+             (np.array([[0, 3], [1, 2]]), np.array([[2, 2], [0, 4]]))]
+    for starts, goals in cases:
+        plain = [experts.pibt(grid, starts, goals, 40, seed).finished.all() for seed in range(10)]
+        assert sum(plain) <= 1
+        for seed in range(10):
+            for tiebreak in ("random", "index"):
+                solution = experts.pibt(grid, starts, goals, 40, seed, tiebreak=tiebreak, swap=True)
+                assert solution.finished.all(), (starts.tolist(), seed, tiebreak)
+                experts.check_paths(grid, solution.paths, goals, solution.finished)
+                assert len(solution.paths) - 1 <= 12
 
 
 def test_checker_catches_each_kind_of_error():

@@ -38,6 +38,8 @@ The environment must offer (rlx's ``MapfEnv`` with ``observation="map"`` does):
   optionally ``params.behaviour_actions`` (same shape, or None): the actions replayed to reach
   the states, when they are not the expert's. DAgger (Ross et al., 2011) uses it: a pool entry
   then holds the learner's own episode and, as labels, the expert's action in each of its states.
+  A label of -1 marks a step the expert was not asked about (a costly expert labels a few steps
+  of each episode): the loss only samples labelled steps.
 """
 
 from __future__ import annotations
@@ -188,9 +190,12 @@ def make(config: Config, env, env_params) -> Agent:
     behaviour = expert if behaviour is None else jnp.asarray(behaviour)
     pool_size, horizon = expert.shape[0], expert.shape[1]
     steps = min(config.num_steps, horizon)
-    # each instance's expert length: steps until its last non-wait action
-    moving = jnp.any(expert != 0, axis=-1)
-    lengths = jnp.max(jnp.where(moving, jnp.arange(horizon)[None] + 1, 0), axis=1)
+    # the steps worth a loss term: labelled, up to the last one the expert still moves in (at least the first)
+    labelled = jnp.all(expert[:, :steps] >= 0, axis=-1)
+    moving = jnp.any(expert[:, :steps] > 0, axis=-1)
+    lengths = jnp.max(jnp.where(moving, jnp.arange(steps)[None] + 1, 0), axis=1)
+    worth = labelled & (jnp.arange(steps)[None] < jnp.maximum(lengths, 1)[:, None])
+    worth = worth.at[:, 0].set(worth[:, 0] | ~jnp.any(worth, axis=1))
     obs_spec, _ = jax.eval_shape(lambda k: env.reset_to(0, k, env_params), jax.random.PRNGKey(0))
     features = obs_spec.shape[-1] - 1
 
@@ -264,33 +269,32 @@ def make(config: Config, env, env_params) -> Agent:
         flat = cell_logits.reshape(cell_logits.shape[0], -1, NUM_ACTIONS)
         logits = jnp.take_along_axis(flat, cells[..., None], axis=1)  # [S, n, 5]
         log_p = jax.nn.log_softmax(logits)
-        chosen = jnp.take_along_axis(log_p, actions[..., None].astype(jnp.int32), -1)[..., 0]
-        weight = (active & ~committed).astype(jnp.float32)
+        chosen = jnp.take_along_axis(log_p, jnp.maximum(actions, 0)[..., None].astype(jnp.int32), -1)[..., 0]
+        weight = (active & ~committed & (actions >= 0)).astype(jnp.float32)
         loss = -jnp.sum(chosen * weight) / jnp.maximum(weight.sum(), 1.0)
         accuracy = jnp.sum((jnp.argmax(logits, -1) == actions) * weight) / jnp.maximum(weight.sum(), 1.0)
         return loss, accuracy
 
-    def commit_at_random(key, active):
+    def commit_at_random(key, active, actions):
         """Training's stand-in for earlier decoding rounds: each sample commits a uniformly random share of
         its agents to the expert's actions (none when ``decode_rounds`` is 1)."""
         if rounds == 1:
             return jnp.zeros_like(active)
         share_key, agent_key = jax.random.split(key)
         share = jax.random.uniform(share_key, active.shape[:1] + (1,))
-        return active & (jax.random.uniform(agent_key, active.shape) < share)
+        return active & (jax.random.uniform(agent_key, active.shape) < share) & (actions >= 0)
 
     def update(state: TrainState):
         key, pick_key, replay_key, sample_key = jax.random.split(state.key, 4)
         instances = jax.random.randint(pick_key, (config.num_envs,), 0, pool_size)
         planes, cells, active, actions = jax.vmap(replay)(instances, jax.random.split(replay_key, config.num_envs))
-        # sample steps while the expert is still moving (at least the first)
-        limit = jnp.clip(lengths[instances], 1, steps)
-        picks = (jax.random.uniform(sample_key, (config.num_envs, config.samples_per_episode))
-                 * limit[:, None]).astype(jnp.int32)
+        # sample labelled steps while the expert is still moving (at least the first)
+        picks = jax.random.categorical(sample_key, jnp.where(worth[instances], 0.0, -jnp.inf)[:, None],
+                                       shape=(config.num_envs, config.samples_per_episode))
         take = lambda x: jnp.take_along_axis(  # noqa: E731
             x, picks.reshape(picks.shape + (1,) * (x.ndim - 2)), axis=1).reshape((-1,) + x.shape[2:])
         batch = (take(planes), take(cells), take(active), take(actions))
-        batch = (*batch, commit_at_random(jax.random.fold_in(sample_key, 1), batch[2]))
+        batch = (*batch, commit_at_random(jax.random.fold_in(sample_key, 1), batch[2], batch[3]))
         (loss, accuracy), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, *batch)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)

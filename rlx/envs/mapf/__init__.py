@@ -30,7 +30,8 @@ def make_mapf(layout: str = "random", num_agents: int = 16, obs_radius: int = 5,
     ``progress_reward``: added to each agent's reward per step it moves closer to its goal (and
     taken away per step it moves farther), on top of the ``on_target`` rewards. ``expert``
     (``pibt``, ``pibt_by_index``: ties broken by agent index as ``map_priority`` shows them,
-    ``prioritized`` or ``lacam``) solves every instance and keeps the joint
+    ``pibt_swap`` and ``pibt_swap_by_index``: with PIBT's swap operation, ``prioritized`` or
+    ``lacam``) solves every instance and keeps the joint
     actions in the pool, for imitation; solutions are cached on disk.
     """
     if layout not in LAYOUTS:

@@ -63,9 +63,10 @@ def rollouts(env: MapfEnv, pool: MapfParams, act: Callable, key, instances=None)
 
 
 def pibt_labels(pool: MapfParams, instances, positions: np.ndarray, waiting: np.ndarray,
-                seed: int = 0) -> np.ndarray:
+                seed: int = 0, swap: bool = False) -> np.ndarray:
     """``int8[M, T, n]``: PIBT's joint action in each visited state (``positions [M, T, n, 2]``,
-    ``waiting [M, T, n]`` of pool entries ``instances``), with PIBT's priorities at that point.
+    ``waiting [M, T, n]`` of pool entries ``instances``), with PIBT's priorities at that point;
+    ``swap``: with PIBT's swap operation (the teacher ``pibt_swap_by_index``).
 
     Unused agent slots get waits. Needs the pool's ``goal_distances`` (``make_mapf`` adds them for
     map observations)."""
@@ -85,10 +86,65 @@ def pibt_labels(pool: MapfParams, instances, positions: np.ndarray, waiting: np.
         for t in range(positions.shape[1]):
             cells = positions[row, t, present]
             here = [tuple(map(int, cell)) for cell in cells]
-            step = experts.pibt_step(moves, here, distance, waiting[row, t, present] + tiebreak, rng)
+            step = experts.pibt_step(moves, here, distance, waiting[row, t, present] + tiebreak, rng, swap=swap)
             labels[row, t, present] = [experts.MOVE_CODES[(r - a, c - b)] for (r, c), (a, b) in zip(step, here)]
             if all(fields[i][here[i]] == 0 for i in range(n)) and not labels[row, t].any():
                 break  # all on their goals: PIBT waits from here on (labels are already 0)
+    return labels
+
+
+def _lacam_first_move(job) -> list[int]:
+    """LaCAM's first joint move (action codes) from one configuration; PIBT's step if it finds no better one."""
+    blocked, here, goals, priority, seed, node_limit = job
+    solution = experts.lacam(blocked, here, goals, 1, seed, node_limit, priorities=priority)
+    if len(solution.paths) > 1:
+        step = solution.paths[1]
+    else:
+        fields = [experts.distances_to(blocked, goal) for goal in goals]
+        cells = [tuple(map(int, cell)) for cell in here]
+        step = experts.pibt_step(experts.neighbour_table(blocked), cells, lambda i, cell: fields[i][cell],
+                                 np.array(priority, np.float64), np.random.default_rng(seed), swap=True)
+    return [experts.MOVE_CODES[(int(r - a), int(c - b))] for (r, c), (a, b) in zip(step, here)]
+
+
+def lacam_labels(pool: MapfParams, instances, positions: np.ndarray, waiting: np.ndarray,
+                 steps_per_episode: int = 16, node_limit: int = 2000, seed: int = 0,
+                 processes: int | None = None) -> np.ndarray:
+    """``int8[M, T, n]``: LaCAM's first joint move from ``steps_per_episode`` visited states of each episode
+    (drawn among the steps before all agents stood on their goals), -1 (not asked) at the other steps.
+
+    Each search starts from PIBT's priorities at that point of the episode (``waiting`` plus the index
+    tie-breaker, what ``map_priority`` shows), so its first try is PIBT-with-swap's step, and it departs from
+    it only where the search finds that step leads nowhere within ``node_limit`` configurations. Searches
+    that find nothing better than the start fall back to that PIBT step. Unused agent slots get waits.
+    """
+    import multiprocessing
+
+    rng = np.random.default_rng(seed)
+    blocked, mask, goals = np.asarray(pool.blocked), np.asarray(pool.agent_mask), np.asarray(pool.goals)
+    labels = np.full(positions.shape[:3], -1, np.int8)
+    jobs, where = [], []
+    for row, m in enumerate(np.asarray(instances)):
+        present = np.nonzero(mask[m])[0]
+        goal = goals[m, present, 0] if goals.ndim == 4 else goals[m, present]
+        arrived = np.all(positions[row][:, present] == goal[None], axis=(-1, -2))
+        end = int(np.argmax(arrived)) if arrived.any() else positions.shape[1]
+        if end == 0:
+            continue
+        tiebreak = experts.tiebreakers(len(present), "index", rng)
+        for t in np.sort(rng.choice(end, min(steps_per_episode, end), replace=False)):
+            jobs.append((blocked[m], positions[row, t, present], goal, waiting[row, t, present] + tiebreak,
+                         int(rng.integers(1 << 30)), node_limit))
+            where.append((row, t, present))
+    processes = processes or multiprocessing.cpu_count()
+    if processes == 1 or len(jobs) < 4:
+        moves = [_lacam_first_move(job) for job in jobs]
+    else:  # spawn, as experts.solve_all (a calling script needs `if __name__ == "__main__":`)
+        with multiprocessing.get_context("spawn").Pool(processes) as workers:
+            moves = workers.map(_lacam_first_move, jobs, chunksize=max(1, len(jobs) // (8 * processes)))
+    for (row, t, present), move in zip(where, moves):
+        labels[row, t] = 0
+        labels[row, t, present] = move
     return labels
 
 
@@ -112,8 +168,12 @@ def aggregate(pool: MapfParams, instances, behaviour: np.ndarray, labels: np.nda
         behaviour_actions=extend(jnp.asarray(current), behaviour))
 
 
+LABELLERS = ("teacher", "lacam")
+
+
 def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int = 256, extra_agents: tuple = (),
-           samples_per_episode: int | None = None, seed: int = 0, log: Callable = print) -> None:
+           samples_per_episode: int | None = None, seed: int = 0, log: Callable = print, labeller: str = "teacher",
+           lacam_steps: int = 16, node_limit: int = 2000) -> None:
     """DAgger on a finished map-policy run (``+exp=mapf_map_policy``, seed 0): ``iterations`` rounds of
     (roll the policy out on ``rollout_maps`` training instances, label each state by PIBT, add the episodes to
     the pool, ``updates`` more imitation updates from the current parameters), then a new checkpoint in
@@ -122,7 +182,12 @@ def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int =
     ``extra_agents``: further agent counts whose training pools (the run's options otherwise) join the
     pool, padded to the most slots, so that the rollouts also visit more crowded states.
     ``samples_per_episode``: steps of each replayed episode in the loss (default: the run's).
+    ``labeller``: ``teacher`` (one step of the run's PIBT teacher in every visited state) or ``lacam``
+    (``lacam_labels``: LaCAM's first move in ``lacam_steps`` states per episode, searching at most
+    ``node_limit`` configurations each).
     """
+    if labeller not in LABELLERS:
+        raise ValueError(f"labeller={labeller!r}: valid: {', '.join(LABELLERS)}")
     from pathlib import Path
 
     from omegaconf import OmegaConf
@@ -138,6 +203,10 @@ def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int =
     if env.observation != "map_priority":
         raise ValueError("DAgger's PIBT labels need observation=map_priority (their priorities are PIBT's)")
     options = dict(OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml").env.options))
+    teacher = options.get("expert")
+    if labeller == "teacher" and teacher not in experts.STEPWISE_TEACHERS:
+        raise ValueError(f"env.options.expert={teacher!r}: DAgger asks the run's teacher for single steps; "
+                         f"valid: {', '.join(experts.STEPWISE_TEACHERS)}")
     if extra_agents:
         pools = [pool] + [make_mapf(**{**options, "num_agents": int(n)}).default_params for n in extra_agents]
         pool = instances.merge_pools(pools)
@@ -154,7 +223,12 @@ def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int =
         act = lambda obs, k, p=params: agent.act(module.Policy(p), obs, k)  # noqa: E731
         picks = np.asarray(jax.random.choice(pick_key, count, (min(rollout_maps, count),), replace=False))
         episodes = rollouts(env, base, act, rollout_key, picks)
-        labels = pibt_labels(base, picks, episodes["positions"], episodes["waiting"], seed=seed + iteration)
+        if labeller == "lacam":
+            labels = lacam_labels(base, picks, episodes["positions"], episodes["waiting"], lacam_steps, node_limit,
+                                  seed=seed + iteration)
+        else:
+            labels = pibt_labels(base, picks, episodes["positions"], episodes["waiting"], seed=seed + iteration,
+                                 **experts.STEPWISE_TEACHERS[teacher])
         pool = aggregate(pool, picks, episodes["actions"], labels)
         agent = module.make(config, env, pool)
         state = agent.init(train_key).replace(params=params)
@@ -179,6 +253,10 @@ if __name__ == "__main__":
     parser.add_argument("--rollout-maps", type=int, default=256)
     parser.add_argument("--extra-agents", default="", help="comma-separated agent counts, e.g. 64")
     parser.add_argument("--samples-per-episode", type=int, default=None)
+    parser.add_argument("--labeller", choices=LABELLERS, default="teacher")
+    parser.add_argument("--lacam-steps", type=int, default=16, help="states labelled per episode by LaCAM")
+    parser.add_argument("--node-limit", type=int, default=2000, help="configurations per LaCAM search")
     args = parser.parse_args()
     extra = tuple(int(n) for n in args.extra_agents.split(",") if n)
-    refine(args.run_dir, args.iterations, args.updates, args.rollout_maps, extra, args.samples_per_episode)
+    refine(args.run_dir, args.iterations, args.updates, args.rollout_maps, extra, args.samples_per_episode,
+           labeller=args.labeller, lacam_steps=args.lacam_steps, node_limit=args.node_limit)

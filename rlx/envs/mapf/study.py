@@ -6,7 +6,8 @@ fixed number of maps per agent count N in {8, 16, 32, 64}, drawn with seeds
 that no training pool uses. Rows: random actions, every agent on its own shortest path
 (no coordination; the environment resolves conflicts), PIBT, prioritized planning
 (space-time A*), LaCAM (search over joint configurations), the centralized map policy (``+exp=mapf_map_policy``, trained
-at N=32 by imitation of PIBT and applied at every N: it is size- and count-agnostic), the same policy
+at N=32 by imitation of PIBT with its swap operation (ties broken by agent index, the teacher's own row) and applied
+at every N: it is size- and count-agnostic), the same policy
 refined by DAgger (``rlx.envs.mapf.dagger``: ``DAGGER_ROUNDS`` on a copy of the run), and
 decentralized MAPPO (``+exp=mappo_mapf_random``, trained at N=16 on local windows with the
 shortest-path channel, no agent ids, so applied at every N too). Every method's joint actions run in ``MapfEnv``;
@@ -39,7 +40,8 @@ TEST_SEED = 10_000  # training pools use seed 0
 DAGGER_ROUNDS = ((3, dict(rollout_maps=256)),
                  (1, dict(rollout_maps=384, extra_agents=(64,), samples_per_episode=32)))
 QUICK_DAGGER_ROUNDS = ((1, dict(rollout_maps=4, updates=4)),)
-DAGGER_LABEL = "map policy (centralized, imitates PIBT) + DAgger"
+POLICY_LABEL = "map policy (centralized, imitates PIBT with swap)"
+DAGGER_LABEL = f"{POLICY_LABEL} + DAgger"
 # POGEMA's published CSR at N=64 on its random maps, for reference (not run here).
 PUBLISHED_N64 = {"LaCAM": 1.00, "MAPF-GPT-85M": 0.94, "SCRIMP": 0.70, "DCC": 0.06, "pure MARL": 0.0}
 
@@ -127,22 +129,28 @@ def train(preset: str, run_dir: Path, overrides: tuple[str, ...]) -> None:
 def refine_copy(source: Path, target: Path, rounds: tuple) -> None:
     """``target``: a copy of the finished run ``source`` refined by DAgger ``rounds``; the copy keeps the
     behaviour-cloning run for its own row. A ``target`` whose ``dagger.json`` records the same rounds on the
-    same source run (its ``summary.json``) is kept as it is, a finished refinement; any other is moved aside
-    to ``target.<date-time>``, never deleted."""
+    same source run (its ``summary.json``) is kept as it is, a finished refinement; one that records the first
+    rounds of ``rounds`` goes on with the rest (each entry of ``rounds`` runs on its own, so this is what
+    running all of them would do); any other is moved aside to ``target.<date-time>``, never deleted."""
     from rlx.envs.mapf import dagger
 
     record = target / "dagger.json"
-    schedule = json.dumps({"rounds": [[count, options] for count, options in rounds],
-                           "source_summary": json.loads((source / "summary.json").read_text())}, indent=1)
-    if record.exists() and record.read_text() == schedule:
+    source_summary = json.loads((source / "summary.json").read_text())
+    schedule = lambda done: json.dumps({"rounds": [[count, options] for count, options in done],  # noqa: E731
+                                        "source_summary": source_summary}, indent=1)
+    previous = record.read_text() if record.exists() else None
+    done = next((k for k in range(len(rounds), 0, -1) if previous == schedule(rounds[:k])), 0)
+    if done == len(rounds):
         return
-    if target.exists():
-        target.rename(target.with_name(f"{target.name}.{time.strftime('%Y%m%d-%H%M%S')}"))
-    shutil.copytree(source, target)
-    for count, options in rounds:
+    if done == 0:
+        if target.exists():
+            target.rename(target.with_name(f"{target.name}.{time.strftime('%Y%m%d-%H%M%S')}"))
+        shutil.copytree(source, target)
+    for k in range(done, len(rounds)):
+        count, options = rounds[k]
         print(f"[mapf_random] DAgger: {count} round(s), {options}", flush=True)
         dagger.refine(target, iterations=count, log=lambda line: print(line, flush=True), **options)
-    record.write_text(schedule)
+        record.write_text(schedule(rounds[:k + 1]))
 
 
 def reproduce(out: Path, quick: bool, skip_training: bool) -> Path:
@@ -155,7 +163,7 @@ def reproduce(out: Path, quick: bool, skip_training: bool) -> Path:
         for preset, run_dir in (("mapf_map_policy", cloned), ("mappo_mapf_random", mappo)):
             train(preset, run_dir, quick_overrides if quick else ())
         refine_copy(cloned, refined, QUICK_DAGGER_ROUNDS if quick else DAGGER_ROUNDS)
-    loaded = load_learned({"map policy (centralized, imitates PIBT)": cloned, DAGGER_LABEL: refined,
+    loaded = load_learned({POLICY_LABEL: cloned, DAGGER_LABEL: refined,
                            "MAPPO (decentralized, local windows)": mappo})
     rows: dict[str, dict[int, dict]] = {}
     started = time.time()
@@ -168,8 +176,10 @@ def reproduce(out: Path, quick: bool, skip_training: bool) -> Path:
         whole_map = MapfEnv(n, 5, "soft", "nothing", pool, observation="map")
         rows.setdefault("shortest path, no coordination", {})[n] = evaluation.summarize(
             evaluation.evaluate_policy(whole_map, pool, evaluation.greedy_shortest_path(n), jax.random.PRNGKey(n)))
-        for label, solver in (("PIBT", "pibt"), ("prioritized planning (space-time A*)", "prioritized"),
-                              ("LaCAM (ours, Python, at most 20,000 configurations)", "lacam")):
+        for label, solver in (("PIBT", "pibt"), ("PIBT with swap (the map policy's teacher: ties by index)",
+                                                 "pibt_swap_by_index"),
+                              ("prioritized planning (space-time A*)", "prioritized"),
+                              ("LaCAM (ours, Python, PIBT with swap, at most 20,000 configurations)", "lacam")):
             actions = evaluation.solver_actions(drawn, solver, HORIZON, n)
             rows.setdefault(label, {})[n] = evaluation.summarize(evaluation.evaluate_actions(local, pool, actions))
         for label, metrics in learned_metrics(loaded, n, pool, drawn, "nothing", jax.random.PRNGKey(100 + n)).items():
