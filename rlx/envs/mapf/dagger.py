@@ -118,8 +118,6 @@ def lacam_labels(pool: MapfParams, instances, positions: np.ndarray, waiting: np
     it only where the search finds that step leads nowhere within ``node_limit`` configurations. Searches
     that find nothing better than the start fall back to that PIBT step. Unused agent slots get waits.
     """
-    import multiprocessing
-
     rng = np.random.default_rng(seed)
     blocked, mask, goals = np.asarray(pool.blocked), np.asarray(pool.agent_mask), np.asarray(pool.goals)
     labels = np.full(positions.shape[:3], -1, np.int8)
@@ -136,12 +134,7 @@ def lacam_labels(pool: MapfParams, instances, positions: np.ndarray, waiting: np
             jobs.append((blocked[m], positions[row, t, present], goal, waiting[row, t, present] + tiebreak,
                          int(rng.integers(1 << 30)), node_limit))
             where.append((row, t, present))
-    processes = processes or multiprocessing.cpu_count()
-    if processes == 1 or len(jobs) < 4:
-        moves = [_lacam_first_move(job) for job in jobs]
-    else:  # spawn, as experts.solve_all (a calling script needs `if __name__ == "__main__":`)
-        with multiprocessing.get_context("spawn").Pool(processes) as workers:
-            moves = workers.map(_lacam_first_move, jobs, chunksize=max(1, len(jobs) // (8 * processes)))
+    moves = experts.map_in_processes(_lacam_first_move, jobs, processes)
     for (row, t, present), move in zip(where, moves):
         labels[row, t] = 0
         labels[row, t, present] = move

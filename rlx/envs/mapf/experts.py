@@ -438,21 +438,29 @@ def solve_all(instances: list[tuple], solver: str = "pibt", max_steps: int = 128
 
     ``lifelong``: PIBT only, following each agent's goal sequence ``goals [n, K, 2]`` for ``max_steps``.
     """
-    import multiprocessing
-
     if solver not in SOLVERS:
         raise ValueError(f"solver {solver!r}: valid: {', '.join(SOLVERS)}")
     if lifelong and solver != "pibt":
         raise ValueError(f"solver {solver!r} plans for fixed goals; lifelong runs: pibt")
     jobs = [(solver, g, s, goals if lifelong or goals.ndim == 2 else goals[:, 0], max_steps, seed + i, lifelong)
             for i, (g, s, goals) in enumerate(instances)]
+    return map_in_processes(_solve, jobs, processes)
+
+
+def map_in_processes(function, jobs: list, processes: int | None = None) -> list:
+    """``[function(job) for job in jobs]`` in parallel processes (all cores by default; in this process
+    for one core or fewer than 4 jobs). ``function`` must be importable at module level.
+
+    Spawn, not fork (JAX's threads do not survive a fork). As with any spawn pool, a script that gets
+    here must keep its top-level code under ``if __name__ == "__main__":``.
+    """
+    import multiprocessing
+
     processes = processes or multiprocessing.cpu_count()
     if processes == 1 or len(jobs) < 4:
-        return [_solve(job) for job in jobs]
-    # spawn, not fork (JAX's threads do not survive a fork). As with any spawn pool, a script that gets
-    # here must keep its top-level code under `if __name__ == "__main__":`.
+        return [function(job) for job in jobs]
     with multiprocessing.get_context("spawn").Pool(processes) as pool:
-        return pool.map(_solve, jobs, chunksize=max(1, len(jobs) // (4 * processes)))
+        return pool.map(function, jobs, chunksize=max(1, len(jobs) // (4 * processes)))
 
 
 def joint_actions(solutions: list[Solution], max_steps: int, num_agents: int) -> np.ndarray:
