@@ -202,6 +202,35 @@ def test_pibt_shield_takes_each_agents_favourite_move_unless_it_conflicts():
     np.testing.assert_allclose(priority, [1.5, 1.1])  # neither stands on its goal: both gain priority
 
 
+def test_pibt_shield_swaps_at_a_dead_end_when_the_policy_prefers_shortest_paths():
+    """The dead-end pockets of the swap test, with a "policy" whose scores are minus each move's distance to
+    goal: the shield's swap reads "wants the other's cell" from those scores and lets both arrive; without
+    swap the shield goes round in circles like plain PIBT."""
+    grid = maps.from_strings([".....", "##.##", "##.##"])
+    table = experts.neighbour_table(grid)
+    cases = [(np.array([[0, 2], [2, 2]]), np.array([[2, 2], [0, 0]])),
+             (np.array([[0, 3], [1, 2]]), np.array([[2, 2], [0, 4]]))]
+
+    def arrives(starts, goals, seed, swap):
+        fields = [experts.distances_to(grid, tuple(goal)) for goal in goals]
+        position = [tuple(map(int, s)) for s in starts]
+        priority, rng = np.zeros(len(starts)), np.random.default_rng(seed)
+        for _ in range(40):
+            if all(cell == tuple(goal) for cell, goal in zip(position, goals)):
+                return True
+            scores = np.array([[-fields[i][tuple(np.clip(np.add(cell, move), 0, np.array(grid.shape) - 1))]
+                                for move in experts.MOVES] for i, cell in enumerate(position)], float)
+            actions = experts.pibt_shield(table, position, goals, scores, priority, rng, swap=swap)
+            nxt = np.array(position) + experts.MOVES[actions]
+            experts.check_paths(grid, np.stack([np.array(position), nxt]), goals)
+            position = [tuple(map(int, cell)) for cell in nxt]
+        return False
+
+    for starts, goals in cases:
+        assert sum(arrives(starts, goals, seed, swap=False) for seed in range(10)) <= 1
+        assert all(arrives(starts, goals, seed, swap=True) for seed in range(10))
+
+
 def test_shielded_actions_replay_unchanged_in_the_environment():
     """The host loop's joint actions never conflict, so the environment carries out every move as chosen."""
     import jax

@@ -86,14 +86,16 @@ def solver_actions(instances: list[tuple], solver: str, horizon: int, num_agents
     return experts.joint_actions(solutions, horizon, num_agents)
 
 
-def shielded_actions(env: MapfEnv, pool: MapfParams, drawn: list[tuple], logits: Callable, seed: int = 0) -> np.ndarray:
+def shielded_actions(env: MapfEnv, pool: MapfParams, drawn: list[tuple], logits: Callable, seed: int = 0,
+                     swap: bool = True) -> np.ndarray:
     """``[M, horizon, n]`` joint actions of a learned policy made conflict-free by PIBT (``experts.pibt_shield``).
 
     A host loop over the horizon (PIBT runs in NumPy): at each step the policy
     sees the environment's observations of all instances at once (``logits(obs
     [M, n, ...]) -> [M, n, 5]``), Gumbel noise on its logits samples each
-    agent's ranking of moves, and PIBT turns the rankings into a joint step.
-    Every pool slot must hold an agent.
+    agent's ranking of moves, and PIBT (with its swap operation unless
+    ``swap`` is False) turns the rankings into a joint step. Every pool slot
+    must hold an agent.
     """
     horizon, count, n = int(pool.max_steps_in_episode), len(drawn), env.num_agents
     rng = np.random.default_rng(seed)
@@ -108,7 +110,8 @@ def shielded_actions(env: MapfEnv, pool: MapfParams, drawn: list[tuple], logits:
         positions, goals = np.asarray(state.positions), np.asarray(state.goals)
         for m in range(count):
             position = [tuple(map(int, cell)) for cell in positions[m]]
-            actions[m, t] = experts.pibt_shield(tables[m], position, goals[m], scores[m], priorities[m], rng)
+            actions[m, t] = experts.pibt_shield(tables[m], position, goals[m], scores[m], priorities[m], rng,
+                                                  swap)
         obs, state = step(state, jnp.asarray(actions[:, t]))
     return actions
 

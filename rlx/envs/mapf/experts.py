@@ -238,7 +238,7 @@ def pibt(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps: 
 
 
 def pibt_shield(moves: dict, position: list[tuple], goals, scores: np.ndarray, priority: np.ndarray,
-                rng) -> np.ndarray:
+                rng, swap: bool = True) -> np.ndarray:
     """Conflict-free joint actions ``int[n]`` that follow a policy's preferences (collision shielding,
     as in CS-PIBT: Veerapaneni et al., ICAPS 2024).
 
@@ -246,11 +246,13 @@ def pibt_shield(moves: dict, position: list[tuple], goals, scores: np.ndarray, p
     plus Gumbel noise, which makes the ranking a sample of the policy). PIBT
     then takes each agent's options in that order instead of by distance to
     goal, with ``priority`` (raised here in place, as ``raise_priorities`` says)
-    deciding who yields. Never a vertex conflict or swap.
+    deciding who yields. Never a vertex conflict or swap. ``swap``: PIBT's swap
+    operation (``pibt_step``), where "wants ``i``'s cell" reads the policy's
+    scores instead of distances.
     """
     priority[:] = raise_priorities(priority, position, goals)
     rank = lambda i, cell: -scores[i, MOVE_CODES[(cell[0] - position[i][0], cell[1] - position[i][1])]]  # noqa: E731
-    step = pibt_step(moves, position, rank, priority, rng)
+    step = pibt_step(moves, position, rank, priority, rng, swap=swap)
     assert step is not None, "unconstrained PIBT always finds a conflict-free step"
     return np.array([MOVE_CODES[(r - position[i][0], c - position[i][1])] for i, (r, c) in enumerate(step)])
 
