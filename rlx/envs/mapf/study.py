@@ -35,13 +35,17 @@ HORIZON = 128
 LIFELONG_AGENTS, LIFELONG_HORIZON, GOALS_PER_AGENT = 64, 256, 64
 TEST_SEED = 10_000  # training pools use seed 0
 # DAgger after behaviour cloning: 3 rounds on 256 rollouts of N=32 training maps, then one on 384 rollouts from
-# a pool of N=32 and N=64 maps with 32 samples per episode (experiments/mapf_random/README.md: the schedule
-# that took the policy from 0.72 / 0.19 to 0.82 / 0.32 at N = 32 / 64). ``(rounds, dagger.refine options)``.
+# a pool of N=32 and N=64 maps with 32 samples per episode, all labelled by the run's teacher; then 2 rounds on
+# 192 rollouts of that pool labelled by LaCAM (``dagger.lacam_labels``: 16 states per episode). Measured on the
+# study's maps (experiments/mapf_random/README.md): 0.77 / 0.22 at N = 32 / 64 after behaviour cloning, 0.80 /
+# 0.34 after the teacher's rounds, 0.81 / 0.38 after LaCAM's. ``(rounds, dagger.refine options)``.
 DAGGER_ROUNDS = ((3, dict(rollout_maps=256)),
-                 (1, dict(rollout_maps=384, extra_agents=(64,), samples_per_episode=32)))
-QUICK_DAGGER_ROUNDS = ((1, dict(rollout_maps=4, updates=4)),)
+                 (1, dict(rollout_maps=384, extra_agents=(64,), samples_per_episode=32)),
+                 (2, dict(rollout_maps=192, extra_agents=(64,), samples_per_episode=32, labeller="lacam")))
+QUICK_DAGGER_ROUNDS = ((1, dict(rollout_maps=4, updates=4)),
+                       (1, dict(rollout_maps=4, updates=4, labeller="lacam", lacam_steps=2, node_limit=100)))
 POLICY_LABEL = "map policy (centralized, imitates PIBT with swap)"
-DAGGER_LABEL = f"{POLICY_LABEL} + DAgger"
+DAGGER_LABEL = f"{POLICY_LABEL} + DAgger (teacher, then LaCAM labels)"
 # POGEMA's published CSR at N=64 on its random maps, for reference (not run here).
 PUBLISHED_N64 = {"LaCAM": 1.00, "MAPF-GPT-85M": 0.94, "SCRIMP": 0.70, "DCC": 0.06, "pure MARL": 0.0}
 
