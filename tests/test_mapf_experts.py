@@ -57,10 +57,17 @@ def test_prioritized_planning_complete_solutions_are_valid(seed, side, density, 
         assert len(solution.paths) - 1 >= max(single)  # no agent beats its own shortest path
 
 
+# A corridor with a dead-end pocket below its middle, and (starts, goals) of two agents that meet head-on
+# there: one must reach the pocket's bottom while the other leaves it.
+DEAD_END_POCKET = [".....", "##.##", "##.##"]
+HEAD_ON_AT_THE_POCKET = [(np.array([[0, 2], [2, 2]]), np.array([[2, 2], [0, 0]])),
+                         (np.array([[0, 3], [1, 2]]), np.array([[2, 2], [0, 4]]))]
+
+
 def test_lacam_solves_a_corridor_swap_where_pibt_goes_round_in_circles():
     """Two agents swap ends of a corridor with one side pocket, a third must end on the pocket's mouth:
     PIBT keeps pushing back and forth; LaCAM's search over joint configurations finds the detour."""
-    grid = maps.from_strings([".....", "##.##", "##.##"])
+    grid = maps.from_strings(DEAD_END_POCKET)
     starts, goals = np.array([[0, 0], [0, 4], [2, 2]]), np.array([[0, 4], [0, 0], [0, 2]])
     assert not experts.pibt(grid, starts, goals, 60, seed=0).finished.all()
     for seed in range(3):
@@ -74,10 +81,8 @@ def test_pibt_swap_lets_agents_pass_head_on_at_a_dead_end():
     """One agent must reach the bottom of a dead-end pocket that another is leaving: plain PIBT pushes the
     other back into the pocket (and mostly goes round in circles); with the swap operation the first backs
     out to the junction, pulling the other after it, steps aside, and both arrive, with every seed."""
-    grid = maps.from_strings([".....", "##.##", "##.##"])
-    cases = [(np.array([[0, 2], [2, 2]]), np.array([[2, 2], [0, 0]])),
-             (np.array([[0, 3], [1, 2]]), np.array([[2, 2], [0, 4]]))]
-    for starts, goals in cases:
+    grid = maps.from_strings(DEAD_END_POCKET)
+    for starts, goals in HEAD_ON_AT_THE_POCKET:
         plain = [experts.pibt(grid, starts, goals, 40, seed).finished.all() for seed in range(10)]
         assert sum(plain) <= 1
         for seed in range(10):
@@ -206,10 +211,8 @@ def test_pibt_shield_swaps_at_a_dead_end_when_the_policy_prefers_shortest_paths(
     """The dead-end pockets of the swap test, with a "policy" whose scores are minus each move's distance to
     goal: the shield's swap reads "wants the other's cell" from those scores and lets both arrive; without
     swap the shield goes round in circles like plain PIBT."""
-    grid = maps.from_strings([".....", "##.##", "##.##"])
+    grid = maps.from_strings(DEAD_END_POCKET)
     table = experts.neighbour_table(grid)
-    cases = [(np.array([[0, 2], [2, 2]]), np.array([[2, 2], [0, 0]])),
-             (np.array([[0, 3], [1, 2]]), np.array([[2, 2], [0, 4]]))]
 
     def arrives(starts, goals, seed, swap):
         fields = [experts.distances_to(grid, tuple(goal)) for goal in goals]
@@ -226,7 +229,7 @@ def test_pibt_shield_swaps_at_a_dead_end_when_the_policy_prefers_shortest_paths(
             position = [tuple(map(int, cell)) for cell in nxt]
         return False
 
-    for starts, goals in cases:
+    for starts, goals in HEAD_ON_AT_THE_POCKET:
         assert sum(arrives(starts, goals, seed, swap=False) for seed in range(10)) <= 1
         assert all(arrives(starts, goals, seed, swap=True) for seed in range(10))
 

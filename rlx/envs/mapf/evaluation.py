@@ -111,7 +111,7 @@ def shielded_actions(env: MapfEnv, pool: MapfParams, drawn: list[tuple], logits:
         for m in range(count):
             position = [tuple(map(int, cell)) for cell in positions[m]]
             actions[m, t] = experts.pibt_shield(tables[m], position, goals[m], scores[m], priorities[m], rng,
-                                                  swap)
+                                                  swap=swap)
         obs, state = step(state, jnp.asarray(actions[:, t]))
     return actions
 
