@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlx.agents import map_policy
-from rlx.envs.mapf import dagger, evaluation, experts, first_goal_distances, instances
+from rlx.envs.mapf import dagger, evaluation, experts, first_goal_distances, instances, tie_noise
 from rlx.envs.mapf.env import MAP_CHANNELS, PRIORITY_CHANNELS, MapfEnv
 
 
@@ -122,3 +122,50 @@ def test_reproduce_refines_a_copy_of_the_map_policy_run_once_and_keeps_both(run_
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("refined.")]
     assert len(aside) == 1 and (aside[0] / "dagger.json").exists()  # the earlier refinement is kept, moved aside
     assert load_raw(target)[1]["updates_done"] == progress["updates_done"] + 1
+
+
+def test_tie_noise_is_the_same_in_numpy_and_jax_and_spreads_evenly():
+    """The teacher (NumPy, on the host) and the environment (JAX) must see bit-identical numbers."""
+    rng = np.random.default_rng(0)
+    starts = rng.integers(0, 21, (8, 2))
+    present = np.arange(8) < 6
+    seed = tie_noise.instance_seed(starts, present)
+    np.testing.assert_array_equal(seed, tie_noise.instance_seed(starts[:6], np.ones(6, bool)))  # unused slots: nothing
+    assert seed != tie_noise.instance_seed(starts[::-1], present)
+    grids = [tie_noise.noise_grid(seed, t, 21, 17) for t in range(50)]
+    jax_grids = [tie_noise.noise_grid(jnp.asarray(seed), jnp.asarray(t), 21, 17, jnp) for t in range(50)]
+    np.testing.assert_array_equal(np.stack(grids), np.stack(jax_grids))
+    values = np.stack(grids).ravel()
+    assert values.min() >= 0 and values.max() < 1
+    counts = np.histogram(values, bins=10, range=(0, 1))[0]
+    assert np.all(np.abs(counts - len(values) / 10) < 5 * np.sqrt(len(values) / 10))  # about uniform
+    assert abs(np.corrcoef(np.stack(grids)[:-1].ravel(), np.stack(grids)[1:].ravel())[0, 1]) < 0.05  # fresh each step
+
+
+def test_noise_teacher_is_a_function_of_the_map_noise_observation():
+    """Along the ``pibt_swap_noise`` teacher's own paths, the environment's ``map_noise`` plane is the noise the
+    teacher broke ties with, and one PIBT step from each state (DAgger's label, which sees only what the
+    observation shows) repeats the teacher's joint action exactly; with random move ties it does not."""
+    drawn = instances.random_instances(3, 12, seed=5, size=(9, 11))
+    pool = instances.from_instances(drawn, 40, num_agents=12, shape=(11, 11))
+    pool = pool.replace(goal_distances=first_goal_distances(pool))
+    solutions = [experts.pibt_swap_noise(g, s, goals, 40, seed=i) for i, (g, s, goals) in enumerate(drawn)]
+    actions = experts.joint_actions(solutions, 40, 12)
+    env = MapfEnv(12, 2, "soft", "nothing", pool, observation="map_noise")
+    assert env.observation_space(pool).shape == (11, 11, MAP_CHANNELS + PRIORITY_CHANNELS + 2)
+    episodes = {"positions": np.zeros((3, 40, 12, 2), np.int64), "waiting": np.zeros((3, 40, 12), np.int64)}
+
+    for m, ((grid, starts, _), solution) in enumerate(zip(drawn, solutions)):
+        obs, state = env.reset_to(m, jax.random.PRNGKey(0), pool)
+        seed = tie_noise.instance_seed(starts, np.ones(12, bool))
+        for t in range(40):
+            height, width = grid.shape
+            np.testing.assert_array_equal(obs[0, :height, :width, -2], tie_noise.noise_grid(seed, t, height, width))
+            episodes["positions"][m, t] = state.positions
+            episodes["waiting"][m, t] = env.waiting_steps(state)
+            obs, state, *_ = env.step_env(jax.random.PRNGKey(t), state, jnp.asarray(actions[m, t]), pool)
+    labels = dagger.pibt_labels(pool, np.arange(3), episodes["positions"], episodes["waiting"],
+                                **experts.STEPWISE_TEACHERS["pibt_swap_noise"])
+    np.testing.assert_array_equal(labels, actions)
+    coin_labels = dagger.pibt_labels(pool, np.arange(3), episodes["positions"], episodes["waiting"], swap=True)
+    assert np.any(coin_labels != actions)

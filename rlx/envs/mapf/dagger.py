@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlx.envs.mapf import experts
+from rlx.envs.mapf import experts, tie_noise
 from rlx.envs.mapf.env import MapfEnv, MapfParams
 
 
@@ -63,10 +63,11 @@ def rollouts(env: MapfEnv, pool: MapfParams, act: Callable, key, instances=None)
 
 
 def pibt_labels(pool: MapfParams, instances, positions: np.ndarray, waiting: np.ndarray,
-                seed: int = 0, swap: bool = False) -> np.ndarray:
+                seed: int = 0, swap: bool = False, move_noise: bool = False) -> np.ndarray:
     """``int8[M, T, n]``: PIBT's joint action in each visited state (``positions [M, T, n, 2]``,
     ``waiting [M, T, n]`` of pool entries ``instances``), with PIBT's priorities at that point;
-    ``swap``: with PIBT's swap operation (the teacher ``pibt_swap_by_index``).
+    ``swap``: with PIBT's swap operation (the teacher ``pibt_swap_by_index``); ``move_noise``: ties between
+    moves by the step's shared ``tie_noise`` numbers (``pibt_swap_noise``).
 
     Unused agent slots get waits. Needs the pool's ``goal_distances`` (``make_mapf`` adds them for
     map observations)."""
@@ -83,10 +84,13 @@ def pibt_labels(pool: MapfParams, instances, positions: np.ndarray, waiting: np.
         fields = distances[m, present]
         tiebreak = experts.tiebreakers(n, "index", rng)
         distance = lambda i, cell: fields[i][cell]  # noqa: E731
+        seed = tie_noise.instance_seed(np.asarray(pool.starts[m])[present], np.ones(n, bool))
         for t in range(positions.shape[1]):
             cells = positions[row, t, present]
             here = [tuple(map(int, cell)) for cell in cells]
-            step = experts.pibt_step(moves, here, distance, waiting[row, t, present] + tiebreak, rng, swap=swap)
+            noise = tie_noise.noise_grid(seed, t, *blocked.shape[1:]) if move_noise else None
+            step = experts.pibt_step(moves, here, distance, waiting[row, t, present] + tiebreak, rng, swap=swap,
+                                     tie_noise_grid=noise)
             labels[row, t, present] = [experts.MOVE_CODES[(r - a, c - b)] for (r, c), (a, b) in zip(step, here)]
             if all(fields[i][here[i]] == 0 for i in range(n)) and not labels[row, t].any():
                 break  # all on their goals: PIBT waits from here on (labels are already 0)
@@ -193,8 +197,8 @@ def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int =
     run = load_trained(run_dir)
     module, config = run.parts.agent_module, run.parts.grid.configs[0]
     env, pool = run.parts.env, run.parts.env_params
-    if env.observation != "map_priority":
-        raise ValueError("DAgger's PIBT labels need observation=map_priority (their priorities are PIBT's)")
+    if env.observation not in ("map_priority", "map_noise"):
+        raise ValueError("DAgger's PIBT labels need observation=map_priority or map_noise (their priorities are PIBT's)")
     options = dict(OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml").env.options))
     teacher = options.get("expert")
     if labeller == "teacher" and teacher not in experts.STEPWISE_TEACHERS:

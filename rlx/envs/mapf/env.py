@@ -42,6 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from rlx.envs.mapf import tie_noise
 from rlx.envs.multi_agent import MultiAgentEnv
 from rlx.envs.registry import import_env_module
 from rlx.errors import ConfigError
@@ -51,8 +52,8 @@ spaces = import_env_module("gymnax.environments.spaces")
 MOVES = np.array([[0, 0], [-1, 0], [1, 0], [0, -1], [0, 1]], np.int32)  # wait, up, down, left, right
 COLLISION_SYSTEMS = ("soft", "priority", "block_both")
 ON_TARGET_MODES = ("finish", "nothing", "restart")
-OBSERVATIONS = ("local", "local_path", "map", "map_priority")
-MAP_OBSERVATIONS = ("map", "map_priority")  # whole-map planes plus a "this is me" plane
+OBSERVATIONS = ("local", "local_path", "map", "map_priority", "map_noise")
+MAP_OBSERVATIONS = ("map", "map_priority", "map_noise")  # whole-map planes plus a "this is me" plane
 MAP_CHANNELS = 8  # see MapfEnv.map_features
 PRIORITY_CHANNELS = 2  # see MapfEnv.priority_planes ("map_priority" observations)
 
@@ -234,11 +235,14 @@ class MapfEnv(MultiAgentEnv):
     def observations(self, state: MapfState, params: MapfParams) -> jax.Array:
         """Local windows (``observation="local"``), or the whole map's features plus a "this is me"
         plane (``"map"``: ``float32[N, H, W, MAP_CHANNELS + 1]``, for centralized map-based policies;
-        ``"map_priority"``: the same with ``priority_planes`` after the map's channels)."""
+        ``"map_priority"``: the same with ``priority_planes`` after the map's channels; ``"map_noise"``:
+        then also the step's ``tie_noise_plane``)."""
         if self.observation in MAP_OBSERVATIONS:
             features = self.map_features(state, params)
-            if self.observation == "map_priority":
+            if self.observation in ("map_priority", "map_noise"):
                 features = jnp.concatenate([features, self.priority_planes(state, params)], axis=-1)
+            if self.observation == "map_noise":
+                features = jnp.concatenate([features, self.tie_noise_plane(state, params)[..., None]], axis=-1)
             me = jnp.zeros((self.num_agents,) + features.shape[:2], jnp.float32).at[
                 jnp.arange(self.num_agents), state.positions[:, 0], state.positions[:, 1]].set(
                 state.active.astype(jnp.float32))
@@ -302,6 +306,12 @@ class MapfEnv(MultiAgentEnv):
         per_agent = jnp.stack([waiting, tiebreak], -1).astype(jnp.float32) * weight[:, None]
         rows, cols = state.positions[:, 0], state.positions[:, 1]
         return jnp.zeros(blocked.shape + (PRIORITY_CHANNELS,), jnp.float32).at[rows, cols].add(per_agent)
+
+    def tie_noise_plane(self, state: MapfState, params: MapfParams) -> jax.Array:
+        """``float32[H, W]``: this step's shared tie-break numbers (``tie_noise``), by which the
+        ``pibt_swap_noise`` teacher chooses among equally good moves."""
+        seed = tie_noise.instance_seed(params.starts[state.instance], params.agent_mask[state.instance], jnp)
+        return tie_noise.noise_grid(seed, state.time, *params.blocked.shape[1:], xp=jnp)
 
     def local_observations(self, state: MapfState, params: MapfParams) -> jax.Array:
         """``float32[N, 2R+1, 2R+1, 3]``: obstacles, agents (self included), projected target."""
@@ -377,7 +387,8 @@ class MapfEnv(MultiAgentEnv):
 
     def observation_space(self, params):
         if self.observation in MAP_OBSERVATIONS:
-            channels = MAP_CHANNELS + (PRIORITY_CHANNELS if self.observation == "map_priority" else 0)
+            channels = MAP_CHANNELS + {"map": 0, "map_priority": PRIORITY_CHANNELS,
+                                       "map_noise": PRIORITY_CHANNELS + 1}[self.observation]
             return spaces.Box(-1.0, 1.0, params.blocked.shape[1:] + (channels + 1,), jnp.float32)
         window = 2 * self.obs_radius + 1
         if self.observation == "local_path":

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rlx.envs.mapf import tie_noise
+
 MOVES = np.array([[0, 0], [-1, 0], [1, 0], [0, -1], [0, 1]])  # the environment's actions
 MOVE_CODES = {tuple(map(int, move)): code for code, move in enumerate(MOVES)}  # (dr, dc) -> action
 
@@ -109,7 +111,7 @@ def tiebreakers(n: int, kind: str, rng) -> np.ndarray:
 
 
 def pibt_step(moves: dict, position: list[tuple], distance, priority: np.ndarray, rng,
-              constraints: tuple = (), swap: bool = False) -> tuple | None:
+              constraints: tuple = (), swap: bool = False, tie_noise_grid=None) -> tuple | None:
     """One joint PIBT step: each agent's next cell, or None when no conflict-free step exists.
 
     ``moves``: ``neighbour_table``; ``distance(i, cell)``: agent i's cost-to-go;
@@ -121,6 +123,9 @@ def pibt_step(moves: dict, position: list[tuple], distance, priority: np.ndarray
     meeting head-on where the one in front cannot be pushed back (a dead-end
     corridor behind it): the planning agent backs away instead, pulling the
     other after it, until they reach a junction where they can pass.
+
+    ``tie_noise_grid`` (``[H, W]``, ``tie_noise.noise_grid``): among equally good cells an agent prefers the one
+    with the larger number, instead of a random one (``rng``).
     """
     n = len(position)
     nxt: list[tuple | None] = [None] * n
@@ -149,8 +154,11 @@ def pibt_step(moves: dict, position: list[tuple], distance, priority: np.ndarray
 
     def plan(i, parent):
         options = list(moves[position[i]])
-        rng.shuffle(options)
-        options.sort(key=lambda cell: distance(i, cell))
+        if tie_noise_grid is None:
+            rng.shuffle(options)
+            options.sort(key=lambda cell: distance(i, cell))
+        else:
+            options.sort(key=lambda cell: (distance(i, cell), -tie_noise_grid[cell]))
         pulled = occupant.get(options[0]) if swap else None
         if pulled is not None and (pulled == i or nxt[pulled] is not None or not head_on_in_dead_end(i, pulled)):
             pulled = None
@@ -183,7 +191,7 @@ def pibt_step(moves: dict, position: list[tuple], distance, priority: np.ndarray
 
 def pibt(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps: int, seed: int = 0,
          stop_when_all_arrived: bool = True, lifelong: bool = False, tiebreak: str = "random",
-         swap: bool = False) -> Solution:
+         swap: bool = False, move_noise: bool = False) -> Solution:
     """Priority Inheritance with Backtracking (Okumura et al., 2019), one joint step at a time.
 
     Each step, agents in priority order (those longest away from their goal
@@ -201,6 +209,8 @@ def pibt(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps: 
     ``random`` (a random order per run, as the paper does) or ``index`` (lower
     indices first, the order ``soft`` collisions award contested cells in, so
     that ``MapfEnv``'s ``map_priority`` planes show the whole priority).
+    ``move_noise``: equally good moves are chosen by the shared ``tie_noise`` numbers of each step (what
+    ``map_noise`` observations show) instead of at random.
     """
     rng = np.random.default_rng(seed)
     n = len(starts)
@@ -218,11 +228,14 @@ def pibt(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps: 
     position = [tuple(map(int, s)) for s in starts]
     priority = tiebreakers(n, tiebreak, rng)
     paths, reached = [list(position)], 0
-    for _ in range(max_steps):
+    seed = tie_noise.instance_seed(np.asarray(starts), np.ones(n, bool)) if move_noise else None
+    for t in range(max_steps):
         if stop_when_all_arrived and not lifelong and all(position[i] == goal[i] for i in range(n)):
             break
         priority = raise_priorities(priority, position, goal)
-        step = pibt_step(moves, position, lambda i, cell: distance(goal[i], cell), priority, rng, swap=swap)
+        noise = tie_noise.noise_grid(seed, t, *blocked.shape) if move_noise else None
+        step = pibt_step(moves, position, lambda i, cell: distance(goal[i], cell), priority, rng, swap=swap,
+                         tie_noise_grid=noise)
         assert step is not None, "unconstrained PIBT always finds a conflict-free step"
         position = list(step)
         paths.append(list(position))
@@ -421,10 +434,17 @@ def pibt_swap_by_index(blocked, starts, goals, max_steps: int, seed: int = 0) ->
     return pibt(blocked, starts, goals, max_steps, seed, tiebreak="index", swap=True)
 
 
-SOLVERS = {"pibt": pibt, "pibt_by_index": pibt_by_index, "pibt_swap": pibt_swap,
+def pibt_swap_noise(blocked, starts, goals, max_steps: int, seed: int = 0) -> Solution:
+    """``pibt_swap_by_index`` choosing among equally good moves by the shared ``tie_noise`` numbers, which
+    ``map_noise`` observations show: random moves the policy can still predict."""
+    return pibt(blocked, starts, goals, max_steps, seed, tiebreak="index", swap=True, move_noise=True)
+
+
+SOLVERS = {"pibt": pibt, "pibt_swap_noise": pibt_swap_noise, "pibt_by_index": pibt_by_index, "pibt_swap": pibt_swap,
            "pibt_swap_by_index": pibt_swap_by_index, "prioritized": prioritized_planning, "lacam": lacam}
 # the teachers whose single steps DAgger can ask for (``dagger.pibt_labels``): index tie-breaks, swap or not
-STEPWISE_TEACHERS = {"pibt_by_index": dict(swap=False), "pibt_swap_by_index": dict(swap=True)}
+STEPWISE_TEACHERS = {"pibt_by_index": dict(swap=False), "pibt_swap_by_index": dict(swap=True),
+                     "pibt_swap_noise": dict(swap=True, move_noise=True)}
 
 
 def _solve(args):
