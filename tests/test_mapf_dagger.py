@@ -169,3 +169,9 @@ def test_noise_teacher_is_a_function_of_the_map_noise_observation():
     np.testing.assert_array_equal(labels, actions)
     coin_labels = dagger.pibt_labels(pool, np.arange(3), episodes["positions"], episodes["waiting"], swap=True)
     assert np.any(coin_labels != actions)
+    # LaCAM's first move tries the teacher's step first; these small instances leave it no reason to depart
+    lacam = dagger.lacam_labels(pool, np.arange(3), episodes["positions"], episodes["waiting"], steps_per_episode=8,
+                                processes=1, move_noise=True)
+    asked = lacam[..., 0] >= 0
+    assert asked.sum() >= 12
+    np.testing.assert_array_equal(lacam[asked], actions[asked])

@@ -99,21 +99,22 @@ def pibt_labels(pool: MapfParams, instances, positions: np.ndarray, waiting: np.
 
 def _lacam_first_move(job) -> list[int]:
     """LaCAM's first joint move (action codes) from one configuration; PIBT's step if it finds no better one."""
-    blocked, here, goals, priority, seed, node_limit = job
-    solution = experts.lacam(blocked, here, goals, 1, seed, node_limit, priorities=priority)
+    blocked, here, goals, priority, seed, node_limit, noise = job
+    solution = experts.lacam(blocked, here, goals, 1, seed, node_limit, priorities=priority, first_tie_noise=noise)
     if len(solution.paths) > 1:
         step = solution.paths[1]
     else:
         fields = [experts.distances_to(blocked, goal) for goal in goals]
         cells = [tuple(map(int, cell)) for cell in here]
         step = experts.pibt_step(experts.neighbour_table(blocked), cells, lambda i, cell: fields[i][cell],
-                                 np.array(priority, np.float64), np.random.default_rng(seed), swap=True)
+                                 np.array(priority, np.float64), np.random.default_rng(seed), swap=True,
+                                 tie_noise_grid=noise)
     return [experts.MOVE_CODES[(int(r - a), int(c - b))] for (r, c), (a, b) in zip(step, here)]
 
 
 def lacam_labels(pool: MapfParams, instances, positions: np.ndarray, waiting: np.ndarray,
                  steps_per_episode: int = 16, node_limit: int = 2000, seed: int = 0,
-                 processes: int | None = None) -> np.ndarray:
+                 processes: int | None = None, move_noise: bool = False) -> np.ndarray:
     """``int8[M, T, n]``: LaCAM's first joint move from ``steps_per_episode`` visited states of each episode
     (drawn among the steps before all agents stood on their goals), -1 (not asked) at the other steps.
 
@@ -121,6 +122,8 @@ def lacam_labels(pool: MapfParams, instances, positions: np.ndarray, waiting: np
     tie-breaker, what ``map_priority`` shows), so its first try is PIBT-with-swap's step, and it departs from
     it only where the search finds that step leads nowhere within ``node_limit`` configurations. Searches
     that find nothing better than the start fall back to that PIBT step. Unused agent slots get waits.
+    ``move_noise``: the first step chooses among equally good moves by the step's shared ``tie_noise``
+    numbers, as the ``pibt_swap_noise`` teacher does.
     """
     rng = np.random.default_rng(seed)
     blocked, mask, goals = np.asarray(pool.blocked), np.asarray(pool.agent_mask), np.asarray(pool.goals)
@@ -134,9 +137,11 @@ def lacam_labels(pool: MapfParams, instances, positions: np.ndarray, waiting: np
         if end == 0:
             continue
         tiebreak = experts.tiebreakers(len(present), "index", rng)
+        seed = tie_noise.instance_seed(np.asarray(pool.starts[m])[present], np.ones(len(present), bool))
         for t in np.sort(rng.choice(end, min(steps_per_episode, end), replace=False)):
+            noise = tie_noise.noise_grid(seed, t, *blocked.shape[1:]) if move_noise else None
             jobs.append((blocked[m], positions[row, t, present], goal, waiting[row, t, present] + tiebreak,
-                         int(rng.integers(1 << 30)), node_limit))
+                         int(rng.integers(1 << 30)), node_limit, noise))
             where.append((row, t, present))
     moves = experts.map_in_processes(_lacam_first_move, jobs, processes)
     for (row, t, present), move in zip(where, moves):
@@ -222,7 +227,7 @@ def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int =
         episodes = rollouts(env, base, act, rollout_key, picks)
         if labeller == "lacam":
             labels = lacam_labels(base, picks, episodes["positions"], episodes["waiting"], lacam_steps, node_limit,
-                                  seed=seed + iteration)
+                                  seed=seed + iteration, move_noise=env.observation == "map_noise")
         else:
             labels = pibt_labels(base, picks, episodes["positions"], episodes["waiting"], seed=seed + iteration,
                                  **experts.STEPWISE_TEACHERS[teacher])

@@ -274,7 +274,8 @@ def pibt_shield(moves: dict, position: list[tuple], goals, scores: np.ndarray, p
 
 
 def lacam(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps: int, seed: int = 0,
-          node_limit: int = 20_000, swap: bool = True, priorities: np.ndarray | None = None) -> Solution:
+          node_limit: int = 20_000, swap: bool = True, priorities: np.ndarray | None = None,
+          first_tie_noise: np.ndarray | None = None) -> Solution:
     """LaCAM (Okumura, AAAI 2023): depth-first search over joint configurations, PIBT generating successors.
 
     Each search node is a joint configuration with a lazily grown tree of
@@ -290,7 +291,9 @@ def lacam(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps:
     (Okumura, AAMAS 2024) does (on 32 unseen N=64 maps: 0.81 solved, against
     0.75 without). ``priorities``: the start's PIBT priorities (default: the
     distance to goal plus a random tie-breaker); DAgger passes PIBT's own, so
-    that the search's first try is PIBT's step.
+    that the search's first try is PIBT's step. ``first_tie_noise``: the start's successors choose among
+    equally good moves by these numbers (``pibt_step``'s ``tie_noise_grid``), as the ``pibt_swap_noise``
+    teacher would there.
     """
     rng = np.random.default_rng(seed)
     n = len(starts)
@@ -323,7 +326,8 @@ def lacam(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps:
             options = list(moves[config[i]])
             rng.shuffle(options)
             pending[config].extend(constraints + ((i, cell),) for cell in options)
-        successor = pibt_step(moves, config, dist_of, priority[config], rng, constraints, swap)
+        successor = pibt_step(moves, config, dist_of, priority[config], rng, constraints, swap,
+                              first_tie_noise if config == start else None)
         if successor is None:
             continue
         if successor in parent:

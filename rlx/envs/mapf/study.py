@@ -6,8 +6,9 @@ fixed number of maps per agent count N in {8, 16, 32, 64}, drawn with seeds
 that no training pool uses. Rows: random actions, every agent on its own shortest path
 (no coordination; the environment resolves conflicts), PIBT, prioritized planning
 (space-time A*), LaCAM (search over joint configurations), the centralized map policy (``+exp=mapf_map_policy``, trained
-at N=32 by imitation of PIBT with its swap operation (ties broken by agent index, the teacher's own row) and applied
-at every N: it is size- and count-agnostic), the same policy
+at N=32 by imitation of PIBT with its swap operation, ties between agents broken by index and between moves by the
+shared numbers that its ``map_noise`` planes show (the teacher's own row), and applied at every N: it is size- and
+count-agnostic), the same policy
 refined by DAgger (``rlx.envs.mapf.dagger``: ``DAGGER_ROUNDS`` on a copy of the run), and
 decentralized MAPPO (``+exp=mappo_mapf_random``, trained at N=16 on local windows with the
 shortest-path channel, no agent ids, so applied at every N too). Every method's joint actions run in ``MapfEnv``;
@@ -37,14 +38,13 @@ TEST_SEED = 10_000  # training pools use seed 0
 # DAgger after behaviour cloning: 3 rounds on 256 rollouts of N=32 training maps, then one on 384 rollouts from
 # a pool of N=32 and N=64 maps with 32 samples per episode, all labelled by the run's teacher; then 2 rounds on
 # 192 rollouts of that pool labelled by LaCAM (``dagger.lacam_labels``: 16 states per episode). Measured on the
-# study's maps (experiments/mapf_random/README.md): 0.77 / 0.22 at N = 32 / 64 after behaviour cloning, 0.80 /
-# 0.34 after the teacher's rounds, 0.81 / 0.38 after LaCAM's. ``(rounds, dagger.refine options)``.
+# study's maps: see experiments/mapf_random/README.md. ``(rounds, dagger.refine options)``.
 DAGGER_ROUNDS = ((3, dict(rollout_maps=256)),
                  (1, dict(rollout_maps=384, extra_agents=(64,), samples_per_episode=32)),
                  (2, dict(rollout_maps=192, extra_agents=(64,), samples_per_episode=32, labeller="lacam")))
 QUICK_DAGGER_ROUNDS = ((1, dict(rollout_maps=4, updates=4)),
                        (1, dict(rollout_maps=4, updates=4, labeller="lacam", lacam_steps=2, node_limit=100)))
-POLICY_LABEL = "map policy (centralized, imitates PIBT with swap)"
+POLICY_LABEL = "map policy (centralized, imitates PIBT with swap and shown tie-breaks)"
 DAGGER_LABEL = f"{POLICY_LABEL} + DAgger (teacher, then LaCAM labels)"
 # POGEMA's published CSR at N=64 on its random maps, for reference (not run here).
 PUBLISHED_N64 = {"LaCAM": 1.00, "MAPF-GPT-85M": 0.94, "SCRIMP": 0.70, "DCC": 0.06, "pure MARL": 0.0}
@@ -180,8 +180,9 @@ def reproduce(out: Path, quick: bool, skip_training: bool) -> Path:
         whole_map = MapfEnv(n, 5, "soft", "nothing", pool, observation="map")
         rows.setdefault("shortest path, no coordination", {})[n] = evaluation.summarize(
             evaluation.evaluate_policy(whole_map, pool, evaluation.greedy_shortest_path(n), jax.random.PRNGKey(n)))
-        for label, solver in (("PIBT", "pibt"), ("PIBT with swap (the map policy's teacher: ties by index)",
-                                                 "pibt_swap_by_index"),
+        for label, solver in (("PIBT", "pibt"), ("PIBT with swap, ties by index", "pibt_swap_by_index"),
+                              ("PIBT with swap, ties by index and shown numbers (the map policy's teacher)",
+                               "pibt_swap_noise"),
                               ("prioritized planning (space-time A*)", "prioritized"),
                               ("LaCAM (ours, Python, PIBT with swap, at most 20,000 configurations)", "lacam")):
             actions = evaluation.solver_actions(drawn, solver, HORIZON, n)
