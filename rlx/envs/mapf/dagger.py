@@ -84,11 +84,11 @@ def pibt_labels(pool: MapfParams, instances, positions: np.ndarray, waiting: np.
         fields = distances[m, present]
         tiebreak = experts.tiebreakers(n, "index", rng)
         distance = lambda i, cell: fields[i][cell]  # noqa: E731
-        seed = tie_noise.instance_seed(np.asarray(pool.starts[m])[present], np.ones(n, bool))
+        noise_seed = tie_noise.instance_seed(np.asarray(pool.starts[m])[present], np.ones(n, bool))
         for t in range(positions.shape[1]):
             cells = positions[row, t, present]
             here = [tuple(map(int, cell)) for cell in cells]
-            noise = tie_noise.noise_grid(seed, t, *blocked.shape[1:]) if move_noise else None
+            noise = tie_noise.noise_grid(noise_seed, t, *blocked.shape[1:]) if move_noise else None
             step = experts.pibt_step(moves, here, distance, waiting[row, t, present] + tiebreak, rng, swap=swap,
                                      tie_noise_grid=noise)
             labels[row, t, present] = [experts.MOVE_CODES[(r - a, c - b)] for (r, c), (a, b) in zip(step, here)]
@@ -137,9 +137,9 @@ def lacam_labels(pool: MapfParams, instances, positions: np.ndarray, waiting: np
         if end == 0:
             continue
         tiebreak = experts.tiebreakers(len(present), "index", rng)
-        seed = tie_noise.instance_seed(np.asarray(pool.starts[m])[present], np.ones(len(present), bool))
+        noise_seed = tie_noise.instance_seed(np.asarray(pool.starts[m])[present], np.ones(len(present), bool))
         for t in np.sort(rng.choice(end, min(steps_per_episode, end), replace=False)):
-            noise = tie_noise.noise_grid(seed, t, *blocked.shape[1:]) if move_noise else None
+            noise = tie_noise.noise_grid(noise_seed, t, *blocked.shape[1:]) if move_noise else None
             jobs.append((blocked[m], positions[row, t, present], goal, waiting[row, t, present] + tiebreak,
                          int(rng.integers(1 << 30)), node_limit, noise))
             where.append((row, t, present))

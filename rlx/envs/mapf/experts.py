@@ -228,12 +228,12 @@ def pibt(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps: 
     position = [tuple(map(int, s)) for s in starts]
     priority = tiebreakers(n, tiebreak, rng)
     paths, reached = [list(position)], 0
-    seed = tie_noise.instance_seed(np.asarray(starts), np.ones(n, bool)) if move_noise else None
+    noise_seed = tie_noise.instance_seed(np.asarray(starts), np.ones(n, bool)) if move_noise else None
     for t in range(max_steps):
         if stop_when_all_arrived and not lifelong and all(position[i] == goal[i] for i in range(n)):
             break
         priority = raise_priorities(priority, position, goal)
-        noise = tie_noise.noise_grid(seed, t, *blocked.shape) if move_noise else None
+        noise = tie_noise.noise_grid(noise_seed, t, *blocked.shape) if move_noise else None
         step = pibt_step(moves, position, lambda i, cell: distance(goal[i], cell), priority, rng, swap=swap,
                          tie_noise_grid=noise)
         assert step is not None, "unconstrained PIBT always finds a conflict-free step"
