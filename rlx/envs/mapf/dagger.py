@@ -62,6 +62,16 @@ def rollouts(env: MapfEnv, pool: MapfParams, act: Callable, key, instances=None)
             "solved": np.asarray(solved)}
 
 
+def shown_tie_noise(pool: MapfParams, instance: int, move_noise: bool = True) -> Callable:
+    """``t -> float32[H, W]``: the tie-break numbers that ``map_noise`` observations show at step ``t`` of pool
+    entry ``instance`` (computed from the same starts and agent mask as ``MapfEnv.tie_noise_plane``), or
+    ``t -> None`` without ``move_noise`` (random ties)."""
+    if not move_noise:
+        return lambda t: None
+    seed = tie_noise.instance_seed(np.asarray(pool.starts[instance]), np.asarray(pool.agent_mask[instance]))
+    return lambda t: tie_noise.noise_grid(seed, t, *pool.blocked.shape[1:])
+
+
 def pibt_labels(pool: MapfParams, instances, positions: np.ndarray, waiting: np.ndarray,
                 seed: int = 0, swap: bool = False, move_noise: bool = False) -> np.ndarray:
     """``int8[M, T, n]``: PIBT's joint action in each visited state (``positions [M, T, n, 2]``,
@@ -84,13 +94,12 @@ def pibt_labels(pool: MapfParams, instances, positions: np.ndarray, waiting: np.
         fields = distances[m, present]
         tiebreak = experts.tiebreakers(n, "index", rng)
         distance = lambda i, cell: fields[i][cell]  # noqa: E731
-        noise_seed = tie_noise.instance_seed(np.asarray(pool.starts[m])[present], np.ones(n, bool))
+        noise_at = shown_tie_noise(pool, m, move_noise)
         for t in range(positions.shape[1]):
             cells = positions[row, t, present]
             here = [tuple(map(int, cell)) for cell in cells]
-            noise = tie_noise.noise_grid(noise_seed, t, *blocked.shape[1:]) if move_noise else None
             step = experts.pibt_step(moves, here, distance, waiting[row, t, present] + tiebreak, rng, swap=swap,
-                                     tie_noise_grid=noise)
+                                     tie_noise_grid=noise_at(t))
             labels[row, t, present] = [experts.MOVE_CODES[(r - a, c - b)] for (r, c), (a, b) in zip(step, here)]
             if all(fields[i][here[i]] == 0 for i in range(n)) and not labels[row, t].any():
                 break  # all on their goals: PIBT waits from here on (labels are already 0)
@@ -137,11 +146,10 @@ def lacam_labels(pool: MapfParams, instances, positions: np.ndarray, waiting: np
         if end == 0:
             continue
         tiebreak = experts.tiebreakers(len(present), "index", rng)
-        noise_seed = tie_noise.instance_seed(np.asarray(pool.starts[m])[present], np.ones(len(present), bool))
+        noise_at = shown_tie_noise(pool, m, move_noise)
         for t in np.sort(rng.choice(end, min(steps_per_episode, end), replace=False)):
-            noise = tie_noise.noise_grid(noise_seed, t, *blocked.shape[1:]) if move_noise else None
             jobs.append((blocked[m], positions[row, t, present], goal, waiting[row, t, present] + tiebreak,
-                         int(rng.integers(1 << 30)), node_limit, noise))
+                         int(rng.integers(1 << 30)), node_limit, noise_at(t)))
             where.append((row, t, present))
     moves = experts.map_in_processes(_lacam_first_move, jobs, processes)
     for (row, t, present), move in zip(where, moves):

@@ -444,8 +444,9 @@ def pibt_swap_noise(blocked, starts, goals, max_steps: int, seed: int = 0) -> So
     return pibt(blocked, starts, goals, max_steps, seed, tiebreak="index", swap=True, move_noise=True)
 
 
-SOLVERS = {"pibt": pibt, "pibt_swap_noise": pibt_swap_noise, "pibt_by_index": pibt_by_index, "pibt_swap": pibt_swap,
-           "pibt_swap_by_index": pibt_swap_by_index, "prioritized": prioritized_planning, "lacam": lacam}
+SOLVERS = {"pibt": pibt, "pibt_by_index": pibt_by_index, "pibt_swap": pibt_swap,
+           "pibt_swap_by_index": pibt_swap_by_index, "pibt_swap_noise": pibt_swap_noise,
+           "prioritized": prioritized_planning, "lacam": lacam}
 # the teachers whose single steps DAgger can ask for (``dagger.pibt_labels``): index tie-breaks, swap or not
 STEPWISE_TEACHERS = {"pibt_by_index": dict(swap=False), "pibt_swap_by_index": dict(swap=True),
                      "pibt_swap_noise": dict(swap=True, move_noise=True)}

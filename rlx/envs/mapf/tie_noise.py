@@ -15,7 +15,7 @@ function of what the policy sees, while staying as random as before.
 
 The hash is written once for NumPy (the solvers, on the host) and JAX (the
 environment), ``xp`` being either module; both give bit-identical numbers
-(``tests/test_mapf_experts.py``).
+(``tests/test_mapf_dagger.py``).
 """
 
 from __future__ import annotations
