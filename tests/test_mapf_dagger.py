@@ -123,6 +123,25 @@ def test_reproduce_refines_a_copy_of_the_map_policy_run_once_and_keeps_both(run_
     assert len(aside) == 1 and (aside[0] / "dagger.json").exists()  # the earlier refinement is kept, moved aside
     assert load_raw(target)[1]["updates_done"] == progress["updates_done"] + 1
 
+    lines = []
+    results = study.validate([source, target], maps=3, counts=(4,), log=lines.append)
+    assert set(results) == {(str(source), 4), (str(target), 4)} and len(lines) == 2
+    assert all(0.0 <= summary["csr"] <= summary["isr"] <= 1.0 for summary in results.values())
+
+
+def test_validation_maps_are_neither_test_nor_training_maps():
+    """Choices made on ``study.validate``'s maps must not peek at the table's maps (or train on either)."""
+    from rlx.envs.mapf import study
+
+    def keys(drawn):
+        return {(grid.tobytes(), starts.tobytes(), goals.tobytes()) for grid, starts, goals in drawn}
+
+    validation, _ = study.test_pool(8, 16, study.VALIDATION_SEED)
+    test, _ = study.test_pool(8, 16)
+    training = instances.random_instances(16, 8, seed=0)  # make_mapf's pool (seed 0 for every agent count)
+    assert len(keys(validation)) == len(keys(test)) == 16
+    assert not keys(validation) & keys(test) and not keys(validation) & keys(training)
+
 
 def test_tie_noise_is_the_same_in_numpy_and_jax_and_spreads_evenly():
     """The teacher (NumPy, on the host) and the environment (JAX) must see bit-identical numbers."""

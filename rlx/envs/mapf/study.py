@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import jax
 import numpy as np
@@ -35,6 +36,7 @@ HORIZON = 128
 # Lifelong (``restart``) table: 64 agents, each with a fixed sequence of goals (a new one on every arrival).
 LIFELONG_AGENTS, LIFELONG_HORIZON, GOALS_PER_AGENT = 64, 256, 64
 TEST_SEED = 10_000  # training pools use seed 0
+VALIDATION_SEED = 20_000  # maps for choosing presets and schedules (``validate``); the table never sees them
 # DAgger after behaviour cloning: 3 rounds on 256 rollouts of N=32 training maps, then one on 384 rollouts from
 # a pool of N=32 and N=64 maps with 32 samples per episode, all labelled by the run's teacher; then 2 rounds on
 # 192 rollouts of that pool labelled by LaCAM (``dagger.lacam_labels``: 16 states per episode). Measured on the
@@ -50,8 +52,10 @@ DAGGER_LABEL = f"{POLICY_LABEL} + DAgger (teacher, then LaCAM labels)"
 PUBLISHED_N64 = {"LaCAM": 1.00, "MAPF-GPT-85M": 0.94, "SCRIMP": 0.70, "DCC": 0.06, "pure MARL": 0.0}
 
 
-def test_pool(num_agents: int, maps: int):
-    drawn = instances.random_instances(maps, num_agents, seed=TEST_SEED + num_agents)
+def test_pool(num_agents: int, maps: int, seed: int = TEST_SEED):
+    """``maps`` unseen instances with ``num_agents`` agents: the table's (``TEST_SEED``) or, with
+    ``VALIDATION_SEED``, the ones that choices between presets and schedules are made on."""
+    drawn = instances.random_instances(maps, num_agents, seed=seed + num_agents)
     return drawn, instances.from_instances(drawn, HORIZON, num_agents=num_agents, shape=(21, 21))
 
 
@@ -122,6 +126,26 @@ def map_logits(run):
     """``obs [M, n, ...] -> logits [M, n, 5]`` of seed 0 of a trained map policy, jitted."""
     agent, policy = run.agent(0), run.policy(0, 0)
     return jax.jit(lambda obs: agent.logits(policy, obs))
+
+
+def validate(run_dirs: list[Path], maps: int = 256, counts: tuple[int, ...] = (32, 64), log: Callable = print
+             ) -> dict[tuple[str, int], dict[str, float]]:
+    """Sampled CSR, ISR and makespan of finished MAPF runs on ``maps`` validation maps per agent count
+    (``VALIDATION_SEED``: neither training pools nor the table use them), so that a preset or a DAgger
+    schedule is chosen without looking at the test maps. ``{(run_dir, n): summary}``."""
+    results = {}
+    for run_dir in run_dirs:
+        acts, run = trained_actors(Path(run_dir))
+        observation = getattr(run.parts.env, "observation", "local")
+        for n in counts:
+            _, pool = test_pool(n, maps, VALIDATION_SEED)
+            env = MapfEnv(n, 5, "soft", "nothing", pool, observation=observation)
+            summary = evaluation.summarize(evaluation.evaluate_policy(env, pool, acts["sampled"],
+                                                                      jax.random.PRNGKey(100 + n)))
+            results[(str(run_dir), n)] = summary
+            log(f"{run_dir} N={n}: CSR {summary['csr']:.3f} ISR {summary['isr']:.3f} "
+                f"makespan {summary['makespan']:.1f} ({maps} validation maps, sampled)")
+    return results
 
 
 def train(preset: str, run_dir: Path, overrides: tuple[str, ...]) -> None:
@@ -247,3 +271,15 @@ def render_lifelong(rows: dict, maps: int) -> str:
     lines += ["", "The learned policies were trained in `nothing` mode (the map policy at N=32, MAPPO at N=16) and "
               "are applied here unchanged: their inputs show each agent's current goal."]
     return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Sampled CSR of finished MAPF runs on validation maps.")
+    parser.add_argument("command", choices=["validate"])
+    parser.add_argument("run_dirs", nargs="+", type=Path)
+    parser.add_argument("--maps", type=int, default=256, help="validation maps per agent count")
+    parser.add_argument("--agents", default="32,64", help="comma-separated agent counts")
+    args = parser.parse_args()
+    validate(args.run_dirs, args.maps, tuple(int(n) for n in args.agents.split(",")))
