@@ -10,7 +10,7 @@ import numpy as np
 
 from rlx.agents import map_policy
 from rlx.envs.mapf import dagger, evaluation, experts, first_goal_distances, instances, tie_noise
-from rlx.envs.mapf.env import MAP_CHANNELS, PRIORITY_CHANNELS, MapfEnv
+from rlx.envs.mapf.env import MAP_CHANNELS, PRIORITY_CHANNELS, MapfEnv, goal_pockets
 
 
 def small_pool(agents=10, maps=3, horizon=40, seed=3):
@@ -194,3 +194,69 @@ def test_noise_teacher_is_a_function_of_the_map_noise_observation():
     asked = lacam[..., 0] >= 0
     assert asked.sum() >= 12
     np.testing.assert_array_equal(lacam[asked], actions[asked])
+
+
+def test_goal_pockets_in_jax_match_the_host_ones_on_random_maps():
+    """``env.goal_pockets`` (JAX, padded maps) against ``experts.goal_pocket`` (NumPy) for every agent's goal
+    on crowded random maps, where many goals shut a region off."""
+    drawn = instances.random_instances(12, 48, seed=7)
+    pockets = jax.jit(goal_pockets)
+    marked = 0
+    for grid, _, goals in drawn:
+        padded = np.ones((21, 21), bool)
+        padded[:grid.shape[0], :grid.shape[1]] = grid
+        ours = np.asarray(pockets(jnp.asarray(padded), jnp.asarray(goals), jnp.asarray(grid.shape)))
+        expected = np.zeros_like(ours)
+        for i, goal in enumerate(goals):
+            expected[i, :grid.shape[0], :grid.shape[1]] = experts.goal_pocket(grid, goal)
+        np.testing.assert_array_equal(ours, expected)
+        marked += int(np.any(expected, axis=(1, 2)).sum())
+    assert marked >= 20  # the comparison covered real pockets
+
+
+def test_defer_teacher_is_a_function_of_the_map_defer_observation():
+    """Along the ``pibt_swap_defer`` teacher's paths on crowded maps, the environment's deferred agents are the
+    teacher's, its waiting steps are the teacher's priorities, its move planes rank each deferred agent's moves
+    as the teacher's distances do, and one teacher step from each state (DAgger's label) repeats the teacher's
+    joint action; without deferral it does not."""
+    n, horizon = 24, 40
+    drawn = instances.random_instances(4, n, seed=11, size=(9, 11), density=(0.25, 0.3))
+    pool = instances.from_instances(drawn, horizon, num_agents=n, shape=(11, 11))
+    pool = pool.replace(goal_distances=first_goal_distances(pool))
+    solutions = [experts.pibt_swap_defer(g, s, goals, horizon) for g, s, goals in drawn]
+    actions = experts.joint_actions(solutions, horizon, n)
+    env = MapfEnv(n, 2, "soft", "nothing", pool, observation="map_defer")
+    assert env.observation_space(pool).shape == (11, 11, MAP_CHANNELS + PRIORITY_CHANNELS + 2)
+    episodes = {"positions": np.zeros((4, horizon, n, 2), np.int64), "waiting": np.zeros((4, horizon, n), np.int64)}
+    deferred_steps = 0
+    for m, ((grid, _, goals), solution) in enumerate(zip(drawn, solutions)):
+        pockets = np.stack([experts.goal_pocket(grid, goal) for goal in goals])
+        away = [experts.deferred_distances(experts.distances_to(grid, goal), pocket)
+                for goal, pocket in zip(goals, pockets)]
+        priority = experts.tiebreakers(n, "index", None)
+        obs, state = env.reset_to(m, jax.random.PRNGKey(0), pool)
+        for t in range(horizon):
+            here = np.asarray(state.positions)
+            keep_off = experts.deferred(pockets, goals, here)
+            np.testing.assert_array_equal(np.asarray(env.deferred(state, pool)), keep_off)
+            if t < len(solution.actions):
+                priority = experts.raise_priorities(priority, here, goals)
+                priority = np.where(keep_off, priority % 1, priority)  # as the teacher ranks deferred agents
+                np.testing.assert_array_equal(np.floor(priority), env.waiting_steps(state))
+            for i in np.flatnonzero(keep_off):
+                deferred_steps += 1
+                r, c = here[i]
+                for k, (dr, dc) in enumerate(experts.MOVES[1:]):
+                    inside = 0 <= r + dr < grid.shape[0] and 0 <= c + dc < grid.shape[1] and not grid[r + dr, c + dc]
+                    expected = np.sign(away[i][r + dr, c + dc] - away[i][r, c]) if inside else 1
+                    assert obs[0, r, c, 3 + k] == expected
+            episodes["positions"][m, t] = here
+            episodes["waiting"][m, t] = env.waiting_steps(state)
+            obs, state, *_ = env.step_env(jax.random.PRNGKey(t), state, jnp.asarray(actions[m, t]), pool)
+    assert deferred_steps >= 10
+    labels = dagger.pibt_labels(pool, np.arange(4), episodes["positions"], episodes["waiting"],
+                                **experts.STEPWISE_TEACHERS["pibt_swap_defer"])
+    np.testing.assert_array_equal(labels, actions)
+    undeferred = dagger.pibt_labels(pool, np.arange(4), episodes["positions"], episodes["waiting"],
+                                    **experts.STEPWISE_TEACHERS["pibt_swap_noise"])
+    assert np.any(undeferred != actions)

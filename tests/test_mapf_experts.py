@@ -26,6 +26,7 @@ def draw(seed, side, density, agents):
 # LaCAM within a small node budget: its partial answers must be valid too
 ALWAYS_VALID = {"pibt": lambda grid, s, g, side: experts.pibt(grid, s, g, max_steps=3 * side),
                 "pibt_swap": lambda grid, s, g, side: experts.pibt(grid, s, g, max_steps=3 * side, swap=True),
+                "pibt_swap_defer": lambda grid, s, g, side: experts.pibt_swap_defer(grid, s, g, max_steps=3 * side),
                 "lacam": lambda grid, s, g, side: experts.lacam(grid, s, g, max_steps=4 * side, node_limit=300)}
 
 
@@ -91,6 +92,42 @@ def test_pibt_swap_lets_agents_pass_head_on_at_a_dead_end():
                 assert solution.finished.all(), (starts.tolist(), seed, tiebreak)
                 experts.check_paths(grid, solution.paths, goals, solution.finished)
                 assert len(solution.paths) - 1 <= 12
+
+
+# An open room with a corridor off its right side leading to a goal, and a two-cell region behind that goal.
+POCKET_BEHIND_A_GOAL = ["...###.", ".......", "...####"]
+
+
+def test_goal_pocket_marks_what_a_goal_shuts_off_and_the_corridor_to_it():
+    """By hand: the goal at (1, 5) cuts off (1, 6) and (0, 6) (inner), and is reached through the corridor
+    (1, 3)-(1, 4) (way); a goal in the open room or at the bottom of the dead end shuts nothing off."""
+    grid = maps.from_strings(POCKET_BEHIND_A_GOAL)
+    expected = np.zeros(grid.shape, np.int8)
+    expected[[1, 0], [6, 6]] = experts.POCKET_INNER
+    expected[1, 3:6] = experts.POCKET_WAY
+    np.testing.assert_array_equal(experts.goal_pocket(grid, (1, 5)), expected)
+    assert not experts.goal_pocket(grid, (1, 1)).any() and not experts.goal_pocket(grid, (0, 6)).any()
+    # deferred agents plan out of the pocket from every cell of it, and by plain distance outside it
+    away = experts.deferred_distances(experts.distances_to(grid, (1, 5)), expected)
+    assert away[0, 6] > away[1, 6] > away[1, 5] > away[1, 4] > away[1, 3] > away[1, 2] == 3 < away[1, 1] == 4
+
+
+def test_deferral_lets_an_agent_into_a_pocket_that_pibt_with_swap_never_enters():
+    """Agent 1 stands on its goal at the mouth of a pocket whose far end is agent 0's goal: PIBT (with swap,
+    any tie-breaks) pushes it deeper and back for ever; deferring, it steps out of the corridor until agent
+    0 is in, then returns, and all arrive."""
+    grid = maps.from_strings(POCKET_BEHIND_A_GOAL)
+    starts, goals = np.array([[1, 0], [1, 5], [0, 0]]), np.array([[0, 6], [1, 5], [2, 2]])
+    pockets = np.stack([experts.goal_pocket(grid, goal) for goal in goals])
+    np.testing.assert_array_equal(experts.deferred(pockets, goals, starts), [False, True, False])
+    np.testing.assert_array_equal(experts.deferred(pockets, goals, np.array([[1, 6], [1, 2], [0, 0]])),
+                                  [False, False, False])  # agent 0 is in: agent 1 may return
+    for solver in ("pibt_swap", "pibt_swap_noise"):
+        assert not experts.SOLVERS[solver](grid, starts, goals, 64).finished.all()
+    solution = experts.pibt_swap_defer(grid, starts, goals, 64)
+    assert solution.finished.all()
+    experts.check_paths(grid, solution.paths, goals, solution.finished)
+    assert len(solution.paths) - 1 <= 16
 
 
 def test_checker_catches_each_kind_of_error():

@@ -52,10 +52,11 @@ spaces = import_env_module("gymnax.environments.spaces")
 MOVES = np.array([[0, 0], [-1, 0], [1, 0], [0, -1], [0, 1]], np.int32)  # wait, up, down, left, right
 COLLISION_SYSTEMS = ("soft", "priority", "block_both")
 ON_TARGET_MODES = ("finish", "nothing", "restart")
-OBSERVATIONS = ("local", "local_path", "map", "map_priority", "map_noise")
-MAP_OBSERVATIONS = ("map", "map_priority", "map_noise")  # whole-map planes plus a "this is me" plane
+OBSERVATIONS = ("local", "local_path", "map", "map_priority", "map_noise", "map_defer")
+MAP_OBSERVATIONS = ("map", "map_priority", "map_noise", "map_defer")  # whole-map planes plus a "this is me" plane
 MAP_CHANNELS = 8  # see MapfEnv.map_features
 PRIORITY_CHANNELS = 2  # see MapfEnv.priority_planes ("map_priority" observations)
+POCKET_INNER, POCKET_WAY = 1, 2  # goal_pockets codes: the region a goal shuts off, the goal and its corridor
 
 
 @struct.dataclass
@@ -96,6 +97,7 @@ class MapfState:
     time: jax.Array           # int32
     key: jax.Array
     distances: jax.Array      # int32[N, H, W] to the current goals ("map" observations), else [0]
+    pockets: jax.Array        # int8[N, H, W]: goal_pockets of the goals ("map_defer" in nothing mode), else [0]
 
 
 class MapfEnv(MultiAgentEnv):
@@ -118,6 +120,8 @@ class MapfEnv(MultiAgentEnv):
         self.progress_reward = float(progress_reward)
         # distance fields to the goals: whole-map features, path windows and the progress reward read them
         self.needs_distances = observation != "local" or self.progress_reward > 0
+        # agents keep off goals that would shut others out of a pocket (the pibt_swap_defer teacher's rule)
+        self.defers = observation == "map_defer" and on_target == "nothing"
         self.num_agents = num_agents
         self.obs_radius = obs_radius
         self.collision_system = collision_system
@@ -153,13 +157,17 @@ class MapfEnv(MultiAgentEnv):
             active=params.agent_mask[instance],
             arrived_at=jnp.zeros(n, jnp.int32),
             on_goal_since=jnp.zeros(n, jnp.int32),
-            last_on_goal=jnp.where(jnp.all(positions == goals, -1), 0, -1).astype(jnp.int32),
+            last_on_goal=jnp.full(n, -1, jnp.int32),
             goals_reached=jnp.asarray(0, jnp.int32),
             time=jnp.asarray(0, jnp.int32),
             key=key,
             distances=jnp.zeros(1, jnp.int32),
+            pockets=(goal_pockets(params.blocked[instance], goals, params.sizes[instance]) if self.defers
+                     else jnp.zeros(1, jnp.int8)),
         )
         state = self._with_distances(state, params)
+        settled = jnp.all(positions == goals, -1) | self.deferred(state, params)
+        state = state.replace(last_on_goal=jnp.where(settled, 0, -1).astype(jnp.int32))
         return self.observations(state, params), state
 
     def _with_distances(self, state: MapfState, params: MapfParams, changed=None) -> MapfState:
@@ -187,7 +195,8 @@ class MapfEnv(MultiAgentEnv):
         arriving = on_goal & state.active
         newly = arriving & (state.on_goal_since == 0)  # was not on this goal before the step
         state = state.replace(positions=positions, time=time,
-                              last_on_goal=jnp.where(on_goal, time, state.last_on_goal),
+                              last_on_goal=jnp.where(on_goal | self.deferred(state.replace(positions=positions),
+                                                                             params), time, state.last_on_goal),
                               on_goal_since=jnp.where(on_goal, jnp.where(newly, time, state.on_goal_since), 0),
                               goals_reached=state.goals_reached + jnp.sum(newly),
                               arrived_at=jnp.where(newly & (state.arrived_at == 0), time, state.arrived_at))
@@ -236,12 +245,13 @@ class MapfEnv(MultiAgentEnv):
         """Local windows (``observation="local"``), or the whole map's features plus a "this is me"
         plane (``"map"``: ``float32[N, H, W, MAP_CHANNELS + 1]``, for centralized map-based policies;
         ``"map_priority"``: the same with ``priority_planes`` after the map's channels; ``"map_noise"``:
-        then also the step's ``tie_noise_plane``)."""
+        then also the step's ``tie_noise_plane``; ``"map_defer"``: the channels of ``"map_noise"``, with
+        deferred agents' moves and waiting as the ``pibt_swap_defer`` teacher sees them: ``deferred``)."""
         if self.observation in MAP_OBSERVATIONS:
             features = self.map_features(state, params)
-            if self.observation in ("map_priority", "map_noise"):
+            if self.observation != "map":
                 features = jnp.concatenate([features, self.priority_planes(state, params)], axis=-1)
-            if self.observation == "map_noise":
+            if self.observation in ("map_noise", "map_defer"):
                 features = jnp.concatenate([features, self.tie_noise_plane(state, params)[..., None]], axis=-1)
             me = jnp.zeros((self.num_agents,) + features.shape[:2], jnp.float32).at[
                 jnp.arange(self.num_agents), state.positions[:, 0], state.positions[:, 1]].set(
@@ -258,7 +268,8 @@ class MapfEnv(MultiAgentEnv):
 
         Channels: obstacle; an active agent; an active agent's goal; then, for the
         agent on the cell, whether each move (up, down, left, right) lowers (-1),
-        keeps (0) or raises/blocks (+1) its shortest-path distance to its goal;
+        keeps (0) or raises/blocks (+1) its shortest-path distance to its goal
+        (a ``deferred`` agent's: its distance plus a penalty on its goal's pocket);
         and whether it stands on its goal.
         """
         blocked = params.blocked[state.instance]
@@ -268,10 +279,16 @@ class MapfEnv(MultiAgentEnv):
         agents = jnp.zeros(blocked.shape, jnp.float32).at[rows, cols].max(weight)
         goals = jnp.zeros(blocked.shape, jnp.float32).at[state.goals[:, 0], state.goals[:, 1]].max(weight)
         far = height * width
-        padded = jnp.pad(state.distances, ((0, 0), (1, 1), (1, 1)), constant_values=far)
+        distances = state.distances
+        if self.defers:
+            distances = jnp.where(self.deferred(state, params)[:, None, None],
+                                  deferred_distances(distances, state.pockets), distances)
+        padded = jnp.pad(distances, ((0, 0), (1, 1), (1, 1)), constant_values=far)
+        walls = jnp.pad(blocked, 1, constant_values=True)
         index = jnp.arange(self.num_agents)
-        here = state.distances[index, rows, cols]
-        deltas = jnp.stack([padded[index, rows + 1 + dr, cols + 1 + dc] for dr, dc in MOVES[1:]], -1)
+        here = distances[index, rows, cols]
+        deltas = jnp.stack([jnp.where(walls[rows + 1 + dr, cols + 1 + dc], far * 3, padded[index, rows + 1 + dr, cols + 1 + dc])
+                            for dr, dc in MOVES[1:]], -1)
         deltas = jnp.clip(deltas - here[:, None], -1, 1).astype(jnp.float32)
         on_goal = jnp.all(state.positions == state.goals, -1).astype(jnp.float32)
         per_agent = jnp.concatenate([deltas, on_goal[:, None]], -1) * weight[:, None]
@@ -281,8 +298,21 @@ class MapfEnv(MultiAgentEnv):
 
     def waiting_steps(self, state: MapfState) -> jax.Array:
         """``int32[N]``: steps since each agent last stood on its current goal (0 while on it; ``time + 1``
-        if never), the integer part of PIBT's priority for its next step (``experts.raise_priorities``)."""
+        if never), the integer part of PIBT's priority for its next step (``experts.raise_priorities``).
+        With ``map_defer``, being ``deferred`` counts as standing on the goal, as for that teacher."""
         return state.time - state.last_on_goal
+
+    def deferred(self, state: MapfState, params: MapfParams) -> jax.Array:
+        """``bool[N]``: agents that keep off their goals for now (``experts.deferred``; only ``map_defer`` in
+        ``nothing`` mode, else none): another agent whose goal lies in the region that an agent's goal cuts
+        off (``goal_pockets``) has not arrived and is still outside it."""
+        if not self.defers:
+            return jnp.zeros(self.num_agents, bool)
+        goals, positions, present = state.goals, state.positions, params.agent_mask[state.instance]
+        inner_goal = state.pockets[:, goals[:, 0], goals[:, 1]] == POCKET_INNER  # [i, j]: j's goal in i's pocket
+        inner_here = state.pockets[:, positions[:, 0], positions[:, 1]] == POCKET_INNER
+        away = jnp.any(positions != goals, axis=-1) & present
+        return jnp.any(inner_goal & away[None, :] & ~inner_here, axis=1) & present
 
     def priority_planes(self, state: MapfState, params: MapfParams) -> jax.Array:
         """``float32[H, W, PRIORITY_CHANNELS]``: on each active agent's cell, what PIBT ranks agents by.
@@ -387,8 +417,8 @@ class MapfEnv(MultiAgentEnv):
 
     def observation_space(self, params):
         if self.observation in MAP_OBSERVATIONS:
-            channels = MAP_CHANNELS + {"map": 0, "map_priority": PRIORITY_CHANNELS,
-                                       "map_noise": PRIORITY_CHANNELS + 1}[self.observation]
+            channels = MAP_CHANNELS + {"map": 0, "map_priority": PRIORITY_CHANNELS, "map_noise": PRIORITY_CHANNELS + 1,
+                                       "map_defer": PRIORITY_CHANNELS + 1}[self.observation]
             return spaces.Box(-1.0, 1.0, params.blocked.shape[1:] + (channels + 1,), jnp.float32)
         window = 2 * self.obs_radius + 1
         if self.observation == "local_path":
@@ -556,3 +586,79 @@ def shortest_path_actions(distances, positions) -> jax.Array:
         return jnp.where(values[best] < values[0], best, 0).astype(jnp.int32)
 
     return jax.vmap(one)(distances, positions)
+
+
+
+def deferred_distances(distances, pockets) -> jax.Array:
+    """``int32[N, H, W]``: what deferred agents plan by, as ``experts.deferred_distances`` (in JAX, with the
+    pool's ``H * W`` as the penalty): every cell of an agent's pocket leads out of it."""
+    size = distances.shape[1] * distances.shape[2]
+    way = pockets == POCKET_WAY
+    exit_distance = jnp.max(jnp.where(way, distances, -1), axis=(1, 2), keepdims=True) + 1
+    return jnp.where(pockets == POCKET_INNER, 2 * size + distances,
+                     jnp.where(way, size + exit_distance - distances, distances))
+
+
+def goal_pockets(blocked, goals, size) -> jax.Array:
+    """``int8[N, H, W]``: each goal's pocket, as ``experts.goal_pocket`` computes it on the host (in JAX).
+
+    ``POCKET_INNER`` on the free cells that reach the rest of the map only
+    through the goal (every region around it cut off by removing it, except
+    the largest; equal sizes go to the region holding the first cell in
+    row-major order), ``POCKET_WAY`` on the goal and the corridor leading to it
+    from outside, 0 elsewhere, and all 0 when the goal cuts nothing off.
+    """
+    height, width = blocked.shape
+    rows, cols = jnp.arange(height)[:, None], jnp.arange(width)[None, :]
+    free = ~(blocked | (rows >= size[0]) | (cols >= size[1]))
+    cells = jnp.arange(height * width, dtype=jnp.int32).reshape(height, width)
+    none = height * width
+    padded_free = jnp.pad(free, 1)
+
+    def around(grid, fill):
+        """The four neighbours' values of every cell (up, down, left, right), ``fill`` off the map."""
+        padded = jnp.pad(grid, 1, constant_values=fill)
+        return jnp.stack([padded[:-2, 1:-1], padded[2:, 1:-1], padded[1:-1, :-2], padded[1:-1, 2:]])
+
+    degree = jnp.sum(around(free, False), axis=0)  # free neighbours of each cell
+
+    def one(goal):
+        open_ = free.at[goal[0], goal[1]].set(False)
+        start = jnp.where(open_, cells, none)
+
+        def spread(carry):
+            label, _ = carry
+            new = jnp.where(open_, jnp.minimum(label, jnp.min(around(label, none), axis=0)), none)
+            return new, jnp.any(new != label)
+
+        label, _ = jax.lax.while_loop(lambda carry: carry[1], spread, (start, jnp.asarray(True)))
+        sizes = jnp.zeros(none + 1, jnp.int32).at[label.ravel()].add(1)
+        near = jnp.stack([padded_free[goal[0] + 1 + dr, goal[1] + 1 + dc] for dr, dc in MOVES[1:]])
+        near_label = jnp.stack([label[jnp.clip(goal[0] + dr, 0, height - 1), jnp.clip(goal[1] + dc, 0, width - 1)]
+                                for dr, dc in MOVES[1:]])
+        near_label = jnp.where(near, near_label, none)
+        rank = jnp.where(near, sizes[near_label] * (none + 1) - near_label, -1)
+        main = near_label[jnp.argmax(rank)]
+        inner = open_ & jnp.any(label[None] == jnp.where(near_label == main, none, near_label)[:, None, None], 0)
+        pocket = jnp.where(inner, POCKET_INNER, 0).astype(jnp.int8)
+        any_inner = jnp.any(inner)
+        pocket = pocket.at[goal[0], goal[1]].set(jnp.where(any_inner, POCKET_WAY, 0).astype(jnp.int8))
+        entries = near & (near_label == main)
+        entry = jnp.asarray(MOVES[1:])[jnp.argmax(entries)] + goal
+
+        def walk(carry):
+            pocket, behind, front, _ = carry
+            ahead = degree[front[0], front[1]] - 1  # free neighbours of ``front`` besides ``behind``
+            corridor = (ahead == 1) & (pocket[front[0], front[1]] == 0)
+            pocket = pocket.at[front[0], front[1]].set(jnp.where(corridor, POCKET_WAY, pocket[front[0], front[1]]))
+            steps = jnp.asarray(MOVES[1:]) + front
+            inside = jnp.all((steps >= 0) & (steps < jnp.array([height, width])), -1)
+            safe = jnp.clip(steps, 0, jnp.array([height - 1, width - 1]))
+            onward = inside & free[safe[:, 0], safe[:, 1]] & jnp.any(steps != behind, -1)
+            return pocket, front, safe[jnp.argmax(onward)], corridor
+
+        going = any_inner & (jnp.sum(entries) == 1)
+        pocket, *_ = jax.lax.while_loop(lambda carry: carry[3], walk, (pocket, goal, entry, going))
+        return pocket
+
+    return jax.vmap(one)(goals)

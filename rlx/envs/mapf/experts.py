@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rlx.envs.mapf import tie_noise
+from rlx.envs.mapf.env import POCKET_INNER, POCKET_WAY  # goal_pocket's codes
 
 MOVES = np.array([[0, 0], [-1, 0], [1, 0], [0, -1], [0, 1]])  # the environment's actions
 MOVE_CODES = {tuple(map(int, move)): code for code, move in enumerate(MOVES)}  # (dr, dc) -> action
@@ -90,6 +91,85 @@ def check_paths(blocked: np.ndarray, paths: np.ndarray, goals: np.ndarray, finis
     if finished is not None:
         for i in np.nonzero(finished)[0]:
             assert tuple(paths[-1, i]) == tuple(goals[i]), f"agent {i} reported finished but is not on its goal"
+
+
+# -- goal pockets: who must keep off their goal for now ----------------------------------------------
+
+def _region(blocked: np.ndarray, start, stop=None, targets=()) -> set:
+    """Free cells reachable from ``start`` without entering ``stop``; once every cell of ``targets`` is
+    among them the search ends early (callers only ask whether they are connected)."""
+    height, width = blocked.shape
+    seen, queue, left = {start}, deque([start]), set(targets) - {start}
+    while queue and (left or not targets):
+        r, c = queue.popleft()
+        for dr, dc in MOVES[1:]:
+            cell = (int(r + dr), int(c + dc))
+            if (0 <= cell[0] < height and 0 <= cell[1] < width and not blocked[cell] and cell != stop
+                    and cell not in seen):
+                seen.add(cell)
+                left.discard(cell)
+                queue.append(cell)
+    return seen
+
+
+def goal_pocket(blocked: np.ndarray, goal) -> np.ndarray:
+    """``int8[H, W]``: the pocket behind ``goal``, where an agent standing on it would shut others in or out.
+
+    ``POCKET_INNER`` on the free cells that only connect to the rest of the
+    map through ``goal`` (every region cut off by removing it except the
+    largest one around it; of equal ones, the one holding the first cell in row-major order);
+    ``POCKET_WAY`` on the goal itself and on the
+    corridor (cells with one way on) that leads to it from outside; 0
+    elsewhere, and everywhere when the goal cuts nothing off.
+    """
+    goal = tuple(map(int, goal))
+    pocket = np.zeros(blocked.shape, np.int8)
+    around = [cell for cell in neighbours(blocked, goal) if cell != goal]
+    regions: list[set] = []
+    for cell in around:
+        if not any(cell in region for region in regions):
+            regions.append(_region(blocked, cell, stop=goal, targets=around))
+    if len(regions) < 2:
+        return pocket
+    regions.sort(key=lambda region: (len(region), [-x for x in min(region)]))  # the main region last
+    for region in regions[:-1]:
+        pocket[tuple(np.array(sorted(region)).T)] = POCKET_INNER
+    pocket[goal] = POCKET_WAY
+    entries = [cell for cell in around if cell in regions[-1]]
+    behind, front = goal, entries[0] if len(entries) == 1 else None
+    while front is not None and pocket[front] == 0:
+        ahead = [cell for cell in neighbours(blocked, front) if cell not in (front, behind)]
+        if len(ahead) != 1:
+            break  # a junction (or a dead end): the corridor ends here
+        pocket[front] = POCKET_WAY
+        behind, front = front, ahead[0]
+    return pocket
+
+
+def deferred(pockets: np.ndarray, goals: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """``bool[n]``: agents that keep off their goals for now (``pockets [n, H, W]``: ``goal_pocket`` of each).
+
+    Agent i defers while some other agent whose goal lies in i's pocket
+    (``POCKET_INNER``) has not arrived and is still outside it: standing on its
+    goal, i would shut that agent out (the livelock of PIBT at dead ends). A
+    deferred agent plans with ``deferred_distances`` and PIBT's lowest priority.
+    """
+    goals, positions = np.asarray(goals), np.asarray(positions)
+    inner_goal = pockets[:, goals[:, 0], goals[:, 1]] == POCKET_INNER  # [i, j]: j's goal in i's pocket
+    inner_here = pockets[:, positions[:, 0], positions[:, 1]] == POCKET_INNER
+    away = np.any(positions != goals, axis=-1)
+    return np.any(inner_goal & away[None, :] & ~inner_here, axis=1)
+
+
+def deferred_distances(distances: np.ndarray, pocket: np.ndarray) -> np.ndarray:
+    """What a deferred agent plans by (``distances``: to its goal; ``pocket``: ``goal_pocket`` of it): outside
+    the pocket its distance to goal, so it waits as close as it can; on the goal and its corridor, more than
+    anywhere outside and falling towards the corridor's outer end; in the region behind, more still and
+    falling towards the goal. Every cell of the pocket thus leads out of it."""
+    size, way = pocket.size, pocket == POCKET_WAY
+    exit_distance = distances[way].max() + 1 if way.any() else 0
+    return np.where(pocket == POCKET_INNER, 2 * size + distances,
+                    np.where(way, size + exit_distance - distances, distances))
 
 
 # -- PIBT ----------------------------------------------------------------------------------------------
@@ -191,7 +271,7 @@ def pibt_step(moves: dict, position: list[tuple], distance, priority: np.ndarray
 
 def pibt(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps: int, seed: int = 0,
          stop_when_all_arrived: bool = True, lifelong: bool = False, tiebreak: str = "random",
-         swap: bool = False, move_noise: bool = False) -> Solution:
+         swap: bool = False, move_noise: bool = False, defer: bool = False) -> Solution:
     """Priority Inheritance with Backtracking (Okumura et al., 2019), one joint step at a time.
 
     Each step, agents in priority order (those longest away from their goal
@@ -211,7 +291,11 @@ def pibt(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps: 
     that ``MapfEnv``'s ``map_priority`` planes show the whole priority).
     ``move_noise``: equally good moves are chosen by the shared ``tie_noise`` numbers of each step (what
     ``map_noise`` observations show) instead of at random.
+    ``defer``: agents whose goals would shut another agent out of a pocket keep off them until that agent
+    is in (``deferred``; classical runs only).
     """
+    if defer and lifelong:
+        raise ValueError("pibt: defer is for classical (one-shot) runs, not lifelong ones")
     rng = np.random.default_rng(seed)
     n = len(starts)
     sequences = np.asarray(goals).reshape(n, -1, 2) if lifelong else np.asarray(goals).reshape(n, 1, 2)
@@ -229,13 +313,19 @@ def pibt(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps: 
     priority = tiebreakers(n, tiebreak, rng)
     paths, reached = [list(position)], 0
     noise_seed = tie_noise.instance_seed(np.asarray(starts), np.ones(n, bool)) if move_noise else None
+    if defer:
+        pockets = np.stack([goal_pocket(blocked, cell) for cell in goal])
+        away = [deferred_distances(distances_to(blocked, goal[i]), pockets[i]) for i in range(n)]
     for t in range(max_steps):
         if stop_when_all_arrived and not lifelong and all(position[i] == goal[i] for i in range(n)):
             break
         priority = raise_priorities(priority, position, goal)
+        waiting_out = deferred(pockets, np.array(goal), np.array(position)) if defer else np.zeros(n, bool)
+        priority = np.where(waiting_out, priority % 1, priority)
         noise = tie_noise.noise_grid(noise_seed, t, *blocked.shape) if move_noise else None
-        step = pibt_step(moves, position, lambda i, cell: distance(goal[i], cell), priority, rng, swap=swap,
-                         tie_noise_grid=noise)
+        step = pibt_step(moves, position,
+                         lambda i, cell: away[i][cell] if waiting_out[i] else distance(goal[i], cell),
+                         priority, rng, swap=swap, tie_noise_grid=noise)
         assert step is not None, "unconstrained PIBT always finds a conflict-free step"
         position = list(step)
         paths.append(list(position))
@@ -444,12 +534,20 @@ def pibt_swap_noise(blocked, starts, goals, max_steps: int, seed: int = 0) -> So
     return pibt(blocked, starts, goals, max_steps, seed, tiebreak="index", swap=True, move_noise=True)
 
 
+def pibt_swap_defer(blocked, starts, goals, max_steps: int, seed: int = 0) -> Solution:
+    """``pibt_swap_noise`` in which agents keep off goals that would shut others out of a pocket until those
+    are in (``deferred``), with the lowest priority meanwhile: far fewer livelocks at dead ends."""
+    return pibt(blocked, starts, goals, max_steps, seed, tiebreak="index", swap=True, move_noise=True, defer=True)
+
+
 SOLVERS = {"pibt": pibt, "pibt_by_index": pibt_by_index, "pibt_swap": pibt_swap,
            "pibt_swap_by_index": pibt_swap_by_index, "pibt_swap_noise": pibt_swap_noise,
+           "pibt_swap_defer": pibt_swap_defer,
            "prioritized": prioritized_planning, "lacam": lacam}
 # the teachers whose single steps DAgger can ask for (``dagger.pibt_labels``): index tie-breaks, swap or not
 STEPWISE_TEACHERS = {"pibt_by_index": dict(swap=False), "pibt_swap_by_index": dict(swap=True),
-                     "pibt_swap_noise": dict(swap=True, move_noise=True)}
+                     "pibt_swap_noise": dict(swap=True, move_noise=True),
+                     "pibt_swap_defer": dict(swap=True, move_noise=True, defer=True)}
 
 
 def _solve(args):
