@@ -26,13 +26,15 @@ def make_mapf(layout: str = "random", num_agents: int = 16, obs_radius: int = 5,
     ``restart`` the next goals are random cells of the agent's component.
     ``observation``: ``local`` windows (POGEMA's), ``local_path`` (the same plus each cell's
     shortest-path distance to the agent's goal relative to the agent's own), the whole ``map``, or
-    ``map_priority`` (the whole map plus PIBT's priorities: ``MapfEnv.priority_planes``), or ``map_noise``
-    (those plus the step's shared tie-break numbers: ``tie_noise``).
+    ``map_priority`` (the whole map plus PIBT's priorities: ``MapfEnv.priority_planes``), ``map_noise``
+    (those plus the step's shared tie-break numbers: ``tie_noise``), or ``map_defer`` (the same planes, with the
+    moves and waiting of agents that keep off their goals as ``pibt_swap_defer`` sees them: ``MapfEnv.deferred``).
     ``progress_reward``: added to each agent's reward per step it moves closer to its goal (and
     taken away per step it moves farther), on top of the ``on_target`` rewards. ``expert``
     (``pibt``, ``pibt_by_index``: ties broken by agent index as ``map_priority`` shows them,
     ``pibt_swap`` and ``pibt_swap_by_index``: with PIBT's swap operation, ``pibt_swap_noise``: the latter
-    choosing among equally good moves by the ``tie_noise`` numbers that ``map_noise`` shows, ``prioritized`` or
+    choosing among equally good moves by the ``tie_noise`` numbers that ``map_noise`` shows, ``pibt_swap_defer``:
+    the latter keeping agents off goals that would shut others out of a pocket (``map_defer``), ``prioritized`` or
     ``lacam``) solves every instance and keeps the joint
     actions in the pool, for imitation; solutions are cached on disk.
     """
