@@ -96,12 +96,25 @@ def rlx_mappo(num_envs: int, updates: int, repeats: int, recurrent: bool) -> tup
     return compile_s, run_s, num_envs * NUM_STEPS * updates
 
 
+def disable_wandb() -> None:
+    """Turn wandb's logging off for JaxMARL's baseline; where wandb is not installed (an accelerator
+    machine with no package index), a stand-in whose calls do nothing, which is what disabled wandb does."""
+    try:
+        import wandb
+    except ImportError:
+        import types
+
+        wandb = types.ModuleType("wandb")
+        wandb.init = wandb.log = wandb.finish = lambda *args, **kwargs: None
+        sys.modules["wandb"] = wandb
+    wandb.init(mode="disabled")
+
+
 def jaxmarl_mappo(repo: Path, num_envs: int, updates: int, repeats: int) -> tuple[float, float, int]:
     """JaxMARL's own MAPPO baseline at the same configuration: (compile s, run s, joint steps)."""
-    import wandb
     from omegaconf import OmegaConf
 
-    wandb.init(mode="disabled")  # the baseline logs through wandb.log in an io_callback
+    disable_wandb()  # the baseline logs through wandb.log in an io_callback
     source = repo / "baselines" / "MAPPO" / "mappo_rnn_mpe.py"
     spec = importlib.util.spec_from_file_location("jaxmarl_mappo_rnn_mpe", source)
     module = importlib.util.module_from_spec(spec)
@@ -153,6 +166,18 @@ def rate(steps: int, seconds: float) -> str:
     return f"{steps / seconds:,.0f}"
 
 
+def table_row(num_envs: int, raw, ours, theirs, feed_forward) -> str:
+    """One markdown row from the (compile s, run s, joint steps) triples of one env count."""
+    raw_rate = raw[2] / raw[1]
+    ours_rate = ours[2] / ours[1]
+    ff_rate = feed_forward[2] / feed_forward[1]
+    theirs_cell = rate(theirs[2], theirs[1]) if theirs else "—"
+    ratio = f"{ours_rate / (theirs[2] / theirs[1]):.2f}x" if theirs else "—"
+    compile_cells = f"{raw[0]:.1f} / {ours[0]:.1f} / {f'{theirs[0]:.1f}' if theirs else '—'} / {feed_forward[0]:.1f}"
+    return (f"| {num_envs} | {rate(raw[2], raw[1])} | {ours_rate:,.0f} ({NUM_AGENTS * ours_rate:,.0f}) | {theirs_cell} "
+            f"| {ratio} | {ours_rate / raw_rate:.0%} | {ff_rate:,.0f}, {ff_rate / raw_rate:.0%} | {compile_cells} |")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--envs", default="16,128,1024", help="comma-separated numbers of parallel environments")
@@ -188,6 +213,7 @@ def main(argv=None) -> None:
             print(f"[bench_marl] {num_envs} envs: JaxMARL MAPPO, {num_updates} updates", flush=True)
             theirs = jaxmarl_mappo(args.jaxmarl_repo, num_envs, num_updates, args.repeats)
         rows.append((num_envs, num_updates, raw, ours, theirs, feed_forward))
+        print(table_row(num_envs, raw, ours, theirs, feed_forward), flush=True)  # kept if a later row is cut off
 
     lines = [
         "# MAPPO on MPE simple_spread (3 agents): training throughput, rlx vs JaxMARL, and raw stepping",
@@ -202,17 +228,7 @@ def main(argv=None) -> None:
         "| rlx feed-forward MAPPO (default 64x64 network): env steps/s, / raw | compile s (raw / rlx / JaxMARL / ff) |",
         "|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for num_envs, _, raw, ours, theirs, feed_forward in rows:
-        ff_rate = feed_forward[2] / feed_forward[1]
-        ours_rate = ours[2] / ours[1]
-        theirs_cell = rate(theirs[2], theirs[1]) if theirs else "—"
-        ratio = f"{ours_rate / (theirs[2] / theirs[1]):.2f}x" if theirs else "—"
-        compile_cells = f"{raw[0]:.1f} / {ours[0]:.1f} / {f'{theirs[0]:.1f}' if theirs else '—'} / {feed_forward[0]:.1f}"
-        lines.append(
-            f"| {num_envs} | {rate(raw[2], raw[1])} | {ours_rate:,.0f} ({NUM_AGENTS * ours_rate:,.0f}) | {theirs_cell} "
-            f"| {ratio} | {ours_rate / (raw[2] / raw[1]):.0%} | {ff_rate:,.0f}, {ff_rate / (raw[2] / raw[1]):.0%} "
-            f"| {compile_cells} |"
-        )
+    lines += [table_row(num_envs, raw, ours, theirs, feed_forward) for num_envs, _, raw, ours, theirs, feed_forward in rows]
     lines += [
         "",
         f"Each update: E envs x {NUM_STEPS} steps, GAE, 4 epochs x 4 minibatches; timed updates per env count: "
@@ -220,7 +236,8 @@ def main(argv=None) -> None:
         "Both MAPPOs: recurrent actor and critic (FC 128, GRU 128, tanh), centralized critic on the "
         "concatenated observations, lr 2e-3; rlx without value normalisation or input LayerNorm (as "
         "JaxMARL's baseline); the feed-forward column is MAPPO's default network (64x64 ReLU, "
-        "input LayerNorm, value normalisation, agent ids). One seed, one CPU device. Times are medians of the repeats after compilation; raw stepping = "
+        "input LayerNorm, value normalisation, agent ids). One seed, one device "
+        f"({jax.devices()[0].device_kind}). Times are medians of the repeats after compilation; raw stepping = "
         f"{NUM_STEPS} steps of JaxMARL's vmapped env.step with random actions, nothing learned.",
     ]
     table = "\n".join(lines) + "\n"

@@ -353,3 +353,19 @@ def test_brax_hopper_gpu_preset_trains_with_a_tiny_budget(run_cli, tmp_path):
     assert summary["env"] == "brax-hopper" and summary["status"] == "completed"
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["labels_used"][0] > 0  # a chunk's mean over its updates (8, then 16 labels)
+
+
+def test_brax_hopper_reference_preset_is_the_preference_preset_on_the_true_reward():
+    """``ppo_brax_hopper`` normalises ``pref_ppo_brax_hopper``: every PPO field, the env and the run must match."""
+    from hydra import compose, initialize_config_dir
+
+    from rlx.train import CONF_DIR
+
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        preference = compose("config", ["+exp=pref_ppo_brax_hopper"])
+        reference = compose("config", ["+exp=ppo_brax_hopper"])
+    assert reference.algo.name == "ppo" and preference.algo.name == "pref_ppo"
+    shared = set(reference.algo) & set(preference.algo) - {"name"}
+    assert {"total_timesteps", "num_envs", "hidden_sizes", "lr", "gamma", "normalize_rewards"} <= shared
+    assert {field: reference.algo[field] for field in shared} == {field: preference.algo[field] for field in shared}
+    assert reference.env == preference.env and reference.run == preference.run

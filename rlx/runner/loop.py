@@ -110,6 +110,22 @@ def build_agent_config(agent_module, values: dict):
 RUN_ONCE_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
 
 
+def compile_lowered(lowered, options: dict | None):
+    """Compile a lowered program with XLA ``options``, or with XLA's defaults where this XLA lacks one.
+
+    The run-once options name a CPU emitter switch that newer XLA releases (jax 0.11) dropped;
+    without it a run still works, only its run-once programs compile a little slower.
+    """
+    if not options:
+        return lowered.compile()
+    try:
+        return lowered.compile(options)
+    except jax.errors.JaxRuntimeError as error:
+        if "No such compile option" not in str(error):
+            raise
+        return lowered.compile()
+
+
 def run_keys(seed, num_seeds: int):
     """(training keys ``[seed]``, evaluation root key) of a run from its integer seed."""
     train_key, eval_root = jax.random.split(jax.random.PRNGKey(seed))
@@ -314,7 +330,7 @@ class Programs:
         quick = RUN_ONCE_COMPILER_OPTIONS if jax.default_backend() == "cpu" else None
         start = time.perf_counter()
         with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
-            futures = {name: pool.submit(program.lower(*args).compile, quick if name in run_once else None)
+            futures = {name: pool.submit(compile_lowered, program.lower(*args), quick if name in run_once else None)
                        for name, (program, *args) in jobs.items()}
             compiled = {name: future.result() for name, future in futures.items()}
         self.compile_seconds += time.perf_counter() - start
