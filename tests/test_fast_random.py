@@ -44,3 +44,15 @@ def test_same_bits_without_the_rolled_loop():
     for name in expected:
         np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
     assert len(np.unique(got["permutation"])) == 512 and got["categorical"].mean() > 1.4  # real draws (mean 1.6)
+
+
+def test_newer_jax_keeps_the_rolled_loop(monkeypatch):
+    """jax 0.11's CPU compiler is slow on the straight-line rounds: a newer release is left as it is."""
+    key = jax.random.PRNGKey(7)
+    mlir.register_lowering(threefry.threefry2x32_p, threefry._threefry2x32_cpu_lowering_rule, platform="cpu")
+    monkeypatch.setattr(fast_random, "jax_release", lambda: (0, 11))
+    assert not fast_random.use_straight_line_threefry()
+    assert "while" in compiled(key)[1]
+    monkeypatch.setattr(fast_random, "jax_release", lambda: fast_random.NEWEST_MEASURED_JAX)
+    assert fast_random.use_straight_line_threefry()
+    assert "while" not in compiled(key)[1]

@@ -58,6 +58,21 @@ def test_rounds_let_agents_coordinate_where_independent_choices_cannot(rounds, l
     assert lowest <= exactly_one <= highest, exactly_one
 
 
+def test_training_reads_decode_rounds_only_as_more_than_one():
+    """The number of rounds is an inference choice (rlx.envs.mapf.study evaluates with its own): any count
+    above one trains the same parameters, bit for bit; one round (no committed-action planes) does not."""
+    env = mp.ToyGrid(num_agents=2)
+    params = coin_flip_pool(32, jax.random.PRNGKey(0))
+    trained = {}
+    for rounds in (1, 2, 16):
+        config = mp.Config(total_timesteps=16 * 5, num_envs=16, num_steps=1, samples_per_episode=1,
+                           channels=(8, 8), decode_rounds=rounds)
+        state, _ = jax.jit(lambda k, c=config: mp.train(c, env, params, k))(jax.random.PRNGKey(3))
+        trained[rounds] = jax.tree.leaves(state.params)
+    assert all(np.array_equal(a, b) for a, b in zip(trained[2], trained[16], strict=True))
+    assert [a.shape for a in trained[1]] != [a.shape for a in trained[2]]
+
+
 def test_decode_rounds_must_be_positive():
     with pytest.raises(ValueError, match="decode_rounds=0"):
         mp.validate(mp.Config(decode_rounds=0))

@@ -19,10 +19,23 @@ compile time (7.5-8.2 s against 8.1-8.2 s), and 18.5-20.6k -> 24.6-27.7k under t
 fast-compile flags (compile 3.4-3.6 s against 2.5-3.4 s).
 
 It uses JAX internals (the ``threefry2x32`` primitive and its GPU lowering rule); on a JAX
-without them it changes nothing and says so by returning False.
+without them it changes nothing and says so by returning False. It does the same on JAX releases
+newer than ``NEWEST_MEASURED_JAX``: jax 0.11.2's XLA compiles the straight-line rounds far more slowly
+on the CPU (the runner's evaluation program of ``+exp=ppo_cartpole`` had not compiled after 300 s with
+them, and took 1 s without; 2 cores, 2026-12-04), so there the rolled loop stays.
 """
 
 from __future__ import annotations
+
+NEWEST_MEASURED_JAX = (0, 10)  # (major, minor): the newest release line this lowering was measured to help
+
+
+def jax_release() -> tuple[int, int]:
+    """``(major, minor)`` of the installed JAX."""
+    import jax
+
+    major, minor = jax.__version__.split(".")[:2]
+    return int(major), int(minor)
 
 
 def use_straight_line_threefry() -> bool:
@@ -30,6 +43,8 @@ def use_straight_line_threefry() -> bool:
 
     Affects programs lowered afterwards; call it before compiling. Calling it again is harmless.
     """
+    if jax_release() > NEWEST_MEASURED_JAX:
+        return False
     try:
         from jax._src.interpreters import mlir
         from jax._src.random import threefry2x32 as threefry

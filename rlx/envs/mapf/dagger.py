@@ -190,7 +190,7 @@ LABELLERS = ("teacher", "lacam")
 
 def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int = 256, extra_agents: tuple = (),
            samples_per_episode: int | None = None, seed: int = 0, log: Callable = print, labeller: str = "teacher",
-           lacam_steps: int = 16, node_limit: int = 2000) -> None:
+           lacam_steps: int = 16, node_limit: int = 2000, rollout_rounds: int = 4) -> None:
     """DAgger on a finished map-policy run (``+exp=mapf_map_policy``, seed 0): ``iterations`` rounds of
     (roll the policy out on ``rollout_maps`` training instances, label each state by PIBT, add the episodes to
     the pool, ``updates`` more imitation updates from the current parameters), then a new checkpoint in
@@ -202,6 +202,9 @@ def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int =
     ``labeller``: ``teacher`` (one step of the run's PIBT teacher in every visited state) or ``lacam``
     (``lacam_labels``: LaCAM's first move in ``lacam_steps`` states per episode, searching at most
     ``node_limit`` configurations each).
+    ``rollout_rounds``: a policy that decodes in rounds (``decode_rounds`` > 1) decodes its rollouts in this
+    many, whatever its config says (evaluation uses more, ``study.DECODE_ROUNDS``; 4 costs a quarter of 16,
+    and the weaker rollouts reach more of the states that need the teacher's labels).
     """
     if labeller not in LABELLERS:
         raise ValueError(f"labeller={labeller!r}: valid: {', '.join(LABELLERS)}")
@@ -234,10 +237,11 @@ def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int =
     config = config.replace(total_timesteps=updates * config.batch_size,
                             samples_per_episode=samples_per_episode or config.samples_per_episode)
     params = run.policy(0, 0).params
+    rollout_config = config.replace(decode_rounds=rollout_rounds) if config.decode_rounds > 1 else config
     key = jax.random.PRNGKey(seed)
     for iteration in range(1, iterations + 1):
         key, pick_key, rollout_key, train_key = jax.random.split(key, 4)
-        agent = module.make(config, env, base)
+        agent = module.make(rollout_config, env, base)
         act = lambda obs, k, p=params: agent.act(module.Policy(p), obs, k)  # noqa: E731
         picks = np.asarray(jax.random.choice(pick_key, count, (min(rollout_maps, count),), replace=False))
         episodes = rollouts(env, base, act, rollout_key, picks)
@@ -274,7 +278,9 @@ if __name__ == "__main__":
     parser.add_argument("--labeller", choices=LABELLERS, default="teacher")
     parser.add_argument("--lacam-steps", type=int, default=16, help="states labelled per episode by LaCAM")
     parser.add_argument("--node-limit", type=int, default=2000, help="configurations per LaCAM search")
+    parser.add_argument("--rollout-rounds", type=int, default=4, help="decoding rounds of the learner's rollouts")
     args = parser.parse_args()
     extra = tuple(int(n) for n in args.extra_agents.split(",") if n)
     refine(args.run_dir, args.iterations, args.updates, args.rollout_maps, extra, args.samples_per_episode,
-           labeller=args.labeller, lacam_steps=args.lacam_steps, node_limit=args.node_limit)
+           labeller=args.labeller, lacam_steps=args.lacam_steps, node_limit=args.node_limit,
+           rollout_rounds=args.rollout_rounds)

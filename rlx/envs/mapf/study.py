@@ -43,6 +43,10 @@ VALIDATION_SEED = 20_000  # maps for choosing presets and schedules (``validate`
 # (``labeller="lacam"``) were worth about nothing after these with the ``map_noise`` teacher, and LaCAM does not
 # defer at goal pockets, so its labels would contradict the ``pibt_swap_defer`` teacher's. Measured on the
 # study's maps: see experiments/mapf_random/README.md. ``(rounds, dagger.refine options)``.
+# Map policies decide in this many rounds here, whatever their run's config says: training reads
+# ``decode_rounds`` only as "more than one" (tests/test_map_policy.py), so the count is an inference choice.
+# Validation maps (``validate``), N=64, after DAgger: CSR 0.58 / 0.65 / 0.71 with 4 / 8 / 16 rounds.
+DECODE_ROUNDS = 16
 DAGGER_ROUNDS = ((3, dict(rollout_maps=256)),
                  (1, dict(rollout_maps=384, extra_agents=(64,), samples_per_episode=32)))
 QUICK_DAGGER_ROUNDS = ((1, dict(rollout_maps=4, updates=4)),
@@ -86,12 +90,17 @@ def lifelong_rows(maps: int, learned: dict[str, tuple]) -> dict[str, dict]:
             for label, m in rows.items()}
 
 
-def trained_actors(run_dir: Path):
-    """``({"sampled": act, "greedy": act}, run)`` for seed 0 of a finished run; ``act(obs, key) -> actions``."""
+def trained_actors(run_dir: Path, decode_rounds: int | None = None):
+    """``({"sampled": act, "greedy": act}, run)`` for seed 0 of a finished run; ``act(obs, key) -> actions``.
+    ``decode_rounds``: for a map policy that decodes in rounds, this many instead of its config's."""
     from rlx.runner.components import load_trained
 
     run = load_trained(run_dir)
     agent, policy = run.agent(0), run.policy(0, 0)
+    config = run.parts.grid.configs[0]
+    if decode_rounds is not None and getattr(config, "decode_rounds", 1) > 1:
+        agent = run.parts.agent_module.make(config.replace(decode_rounds=decode_rounds), run.parts.env,
+                                            run.parts.env_params)
     acts = {mode: (lambda obs, key, greedy=(mode == "greedy"): agent.act(policy, obs, key, greedy))
             for mode in ("sampled", "greedy")}
     return acts, run
@@ -99,7 +108,7 @@ def trained_actors(run_dir: Path):
 
 def load_learned(learned: dict[str, Path]) -> dict[str, tuple]:
     """``{label: trained_actors(run_dir)}`` for the finished runs among ``learned``, each loaded once."""
-    return {label: trained_actors(run_dir) for label, run_dir in learned.items()
+    return {label: trained_actors(run_dir, DECODE_ROUNDS) for label, run_dir in learned.items()
             if (run_dir / "summary.json").exists()}
 
 
@@ -129,14 +138,14 @@ def map_logits(run):
     return jax.jit(lambda obs: agent.logits(policy, obs))
 
 
-def validate(run_dirs: list[Path], maps: int = 256, counts: tuple[int, ...] = (32, 64), log: Callable = print
-             ) -> dict[tuple[str, int], dict[str, float]]:
+def validate(run_dirs: list[Path], maps: int = 256, counts: tuple[int, ...] = (32, 64), log: Callable = print,
+             decode_rounds: int = DECODE_ROUNDS) -> dict[tuple[str, int], dict[str, float]]:
     """Sampled CSR, ISR and makespan of finished MAPF runs on ``maps`` validation maps per agent count
     (``VALIDATION_SEED``: neither training pools nor the table use them), so that a preset or a DAgger
     schedule is chosen without looking at the test maps. ``{(run_dir, n): summary}``."""
     results = {}
     for run_dir in run_dirs:
-        acts, run = trained_actors(Path(run_dir))
+        acts, run = trained_actors(Path(run_dir), decode_rounds)
         observation = getattr(run.parts.env, "observation", "local")
         for n in counts:
             _, pool = test_pool(n, maps, VALIDATION_SEED)
@@ -283,5 +292,6 @@ if __name__ == "__main__":
     parser.add_argument("run_dirs", nargs="+", type=Path)
     parser.add_argument("--maps", type=int, default=256, help="validation maps per agent count")
     parser.add_argument("--agents", default="32,64", help="comma-separated agent counts")
+    parser.add_argument("--decode-rounds", type=int, default=DECODE_ROUNDS, help="map policies' decoding rounds")
     args = parser.parse_args()
-    validate(args.run_dirs, args.maps, tuple(int(n) for n in args.agents.split(",")))
+    validate(args.run_dirs, args.maps, tuple(int(n) for n in args.agents.split(",")), decode_rounds=args.decode_rounds)
