@@ -71,6 +71,9 @@ def test_training_reads_decode_rounds_only_as_more_than_one():
         trained[rounds] = jax.tree.leaves(state.params)
     assert all(np.array_equal(a, b) for a, b in zip(trained[2], trained[16], strict=True))
     assert [a.shape for a in trained[1]] != [a.shape for a in trained[2]]
+    # so a trained policy's rounds may be changed at inference, but one round stays one (no committed planes)
+    assert mp.with_decode_rounds(mp.Config(decode_rounds=4), 16).decode_rounds == 16
+    assert mp.with_decode_rounds(mp.Config(decode_rounds=1), 16).decode_rounds == 1
 
 
 def test_decode_rounds_must_be_positive():

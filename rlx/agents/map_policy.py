@@ -85,6 +85,13 @@ class Config:
         return self.total_timesteps // self.batch_size
 
 
+def with_decode_rounds(config: Config, rounds: int) -> Config:
+    """``config`` deciding in ``rounds`` rounds. Training reads the count only as "more than one", so a
+    trained policy may decode in any number of rounds; a one-round config stays one (its network has no
+    committed-action planes)."""
+    return config.replace(decode_rounds=rounds) if config.decode_rounds > 1 else config
+
+
 def validate(config: Config) -> None:
     """Raise ``ValueError("field=value: rule")`` for the first invalid field, before tracing."""
     rules = [

@@ -237,7 +237,7 @@ def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int =
     config = config.replace(total_timesteps=updates * config.batch_size,
                             samples_per_episode=samples_per_episode or config.samples_per_episode)
     params = run.policy(0, 0).params
-    rollout_config = config.replace(decode_rounds=rollout_rounds) if config.decode_rounds > 1 else config
+    rollout_config = module.with_decode_rounds(config, rollout_rounds)
     key = jax.random.PRNGKey(seed)
     for iteration in range(1, iterations + 1):
         key, pick_key, rollout_key, train_key = jax.random.split(key, 4)

@@ -96,11 +96,12 @@ def trained_actors(run_dir: Path, decode_rounds: int | None = None):
     from rlx.runner.components import load_trained
 
     run = load_trained(run_dir)
-    agent, policy = run.agent(0), run.policy(0, 0)
-    config = run.parts.grid.configs[0]
-    if decode_rounds is not None and getattr(config, "decode_rounds", 1) > 1:
-        agent = run.parts.agent_module.make(config.replace(decode_rounds=decode_rounds), run.parts.env,
-                                            run.parts.env_params)
+    policy, module = run.policy(0, 0), run.parts.agent_module
+    if decode_rounds is not None and hasattr(module, "with_decode_rounds"):
+        config = module.with_decode_rounds(run.parts.grid.configs[0], decode_rounds)
+        agent = module.make(config, run.parts.env, run.parts.env_params)
+    else:
+        agent = run.agent(0)
     acts = {mode: (lambda obs, key, greedy=(mode == "greedy"): agent.act(policy, obs, key, greedy))
             for mode in ("sampled", "greedy")}
     return acts, run
