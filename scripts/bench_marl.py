@@ -4,7 +4,7 @@ Usage::
 
     .venv/bin/python scripts/bench_marl.py [--envs 16,128,1024] [--quick]
                                            [--jaxmarl-repo PATH] [--skip-jaxmarl-mappo]
-    .venv/bin/python scripts/bench_marl.py --breakdown 1024   # where one update's time goes
+    .venv/bin/python scripts/bench_marl.py --breakdown 1024 [--unroll 1,8]   # where one update's time goes
 
 For each number of parallel environments E (16, 128, 1024), in ONE process on the same machine:
 
@@ -127,10 +127,11 @@ def jaxmarl_mappo(repo: Path, num_envs: int, updates: int, repeats: int) -> tupl
     return compile_s, run_s, num_envs * NUM_STEPS * updates
 
 
-def breakdown(num_envs: int, repeats: int) -> list[str]:
+def breakdown(num_envs: int, repeats: int, unrolls: list[int]) -> list[str]:
     """Where a feed-forward MAPPO update's time goes: markdown rows of env steps/s for stepping alone
     (JaxMARL's, then our adapter's with the world states the critic reads), MAPPO's rollout with its
-    networks, and the whole update (rollout, GAE, 4 epochs x 4 minibatches)."""
+    networks, and the whole update (rollout, GAE, 4 epochs x 4 minibatches); the last two once for each
+    number of rollout steps per loop iteration in ``unrolls`` (``rollout_unroll``)."""
     from rlx.agents import mappo
     from rlx.envs import registry
 
@@ -151,14 +152,18 @@ def breakdown(num_envs: int, repeats: int) -> list[str]:
 
         return jax.lax.scan(step, (state, key), None, NUM_STEPS)[1].sum()
 
-    config = mappo.Config(lr=2e-3, num_envs=num_envs, num_steps=NUM_STEPS, num_epochs=4, num_minibatches=4,
-                          total_timesteps=steps)
-    agent = mappo.make(config, env, params)
-    state = jax.jit(agent.init)(jax.random.PRNGKey(0))
     parts = [("JaxMARL's stepping, random actions", raw_stepping(num_envs, repeats)[1]),
-             ("rlx adapter's stepping with world states", timed(adapter_stepping, jax.random.PRNGKey(0), repeats=repeats)[1]),
-             ("MAPPO rollout (networks included)", timed(lambda s: agent.collect(s)[1].reward.sum(), state, repeats=repeats)[1]),
-             ("MAPPO update (rollout + learning)", timed(lambda s: agent.update(s)[1]["loss"], state, repeats=repeats)[1])]
+             ("rlx adapter's stepping with world states", timed(adapter_stepping, jax.random.PRNGKey(0), repeats=repeats)[1])]
+    for rollout_unroll in unrolls:
+        config = mappo.Config(lr=2e-3, num_envs=num_envs, num_steps=NUM_STEPS, num_epochs=4, num_minibatches=4,
+                              total_timesteps=steps, rollout_unroll=rollout_unroll)
+        agent = mappo.make(config, env, params)
+        state = jax.jit(agent.init)(jax.random.PRNGKey(0))
+        suffix = f", {rollout_unroll} steps per loop iteration" if unrolls != [1] else ""
+        parts += [(f"MAPPO rollout (networks included){suffix}",
+                   timed(lambda s: agent.collect(s)[1].reward.sum(), state, repeats=repeats)[1]),
+                  (f"MAPPO update (rollout + learning){suffix}",
+                   timed(lambda s: agent.update(s)[1]["loss"], state, repeats=repeats)[1])]
     return [f"| {label} | {rate(steps, seconds)} |" for label, seconds in parts]
 
 
@@ -189,10 +194,12 @@ def main(argv=None) -> None:
     parser.add_argument("--quick", action="store_true", help="16 and 128 envs, 1 update, 1 repeat: plumbing only")
     parser.add_argument("--breakdown", type=int, default=None, metavar="ENVS",
                         help="only time the parts of a feed-forward MAPPO update at ENVS parallel envs")
+    parser.add_argument("--unroll", default="1",
+                        help="with --breakdown: comma-separated rollout steps per loop iteration to time, e.g. 1,8")
     args = parser.parse_args(argv)
     if args.breakdown:
         print(f"| {args.breakdown} envs x {NUM_STEPS} steps, MAPPO 64x64 | env steps/s |\n|---|---:|")
-        print("\n".join(breakdown(args.breakdown, args.repeats)))
+        print("\n".join(breakdown(args.breakdown, args.repeats, [int(u) for u in args.unroll.split(',')])))
         return
     envs = [int(e) for e in args.envs.split(",")]
     updates = [int(u) for u in args.updates.split(",")]

@@ -180,6 +180,24 @@ def test_rollout_keeps_every_env_and_agent_position_aligned():
 
 
 @pytest.mark.parametrize("recurrent", [False, True])
+def test_unrolled_rollout_collects_the_same_transitions(recurrent):
+    """``rollout_unroll`` (env steps per loop iteration, a speed knob) changes no transition, also when it
+    does not divide ``num_steps``, with sampled actions and episodes ending inside the rollout."""
+    env = Coop()
+    params = env.default_params
+    trajectories = []
+    for unroll in (1, 5):
+        config = mappo.Config(num_envs=4, num_steps=12, total_timesteps=48, hidden_sizes=(16,), recurrent=recurrent,
+                              gru_size=8, num_minibatches=2, rollout_unroll=unroll)
+        agent = mappo.make(config, env, params)
+        state = jax.jit(agent.init)(jax.random.PRNGKey(3))
+        trajectories.append(jax.jit(agent.collect)(state)[1])
+    assert np.asarray(trajectories[0].done).any()
+    for first, unrolled in zip(jax.tree.leaves(trajectories[0]), jax.tree.leaves(trajectories[1])):
+        np.testing.assert_allclose(first, unrolled, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("recurrent", [False, True])
 def test_minibatches_keep_fields_and_carries_aligned(recurrent):
     steps, envs, n, minibatches = 6, 8, 3, 4
     t, e, i = np.meshgrid(np.arange(steps), np.arange(envs), np.arange(n), indexing="ij")
@@ -400,6 +418,7 @@ def test_group_baseline_shares_environment_randomness_inside_groups_only():
         (dict(baseline="group", group_size=1), "group_size=1: must be >= 2"),
         (dict(baseline="group", num_envs=12, group_size=8), "group_size=8: must divide num_envs=12"),
         (dict(gru_size=0), "gru_size=0: must be >= 1"),
+        (dict(rollout_unroll=0), "rollout_unroll=0: must be >= 1"),
         (dict(hidden_sizes=(16, 0)), r"hidden_sizes=\(16, 0\): every width must be >= 1"),
         (dict(activation="sigmoid"), "activation='sigmoid': must be one of"),
         (dict(total_timesteps=100, num_envs=4, num_steps=64), "total_timesteps=100: must be >= one batch"),

@@ -110,6 +110,7 @@ class Config:
     anneal_lr: bool = static(True)
     clip_value_loss: bool = static(True)
     normalize_advantages: bool = static(True)
+    rollout_unroll: int = static(1)  # env steps per loop iteration of the rollout (a speed knob on accelerators)
 
     @property
     def batch_size(self) -> int:
@@ -153,6 +154,7 @@ def validate(config: Config) -> None:
         ("hidden_sizes", all(int(h) >= 1 for h in config.hidden_sizes), "every width must be >= 1"),
         ("activation", config.activation in ACTIVATIONS, f"must be one of {sorted(ACTIVATIONS)}"),
         ("gru_size", config.gru_size >= 1, "must be >= 1"),
+        ("rollout_unroll", config.rollout_unroll >= 1, "must be >= 1"),
         ("baseline", config.baseline in BASELINES, f"must be one of {list(BASELINES)}"),
         ("group_size", config.baseline != "group" or config.group_size >= 2,
          "must be >= 2 with baseline='group' (a group of one has no baseline)"),
@@ -776,7 +778,7 @@ def make(config: Config, env, env_params):
             )
             return state, transition
 
-        return jax.lax.scan(env_step, state, None, config.num_steps)
+        return jax.lax.scan(env_step, state, None, config.num_steps, unroll=config.rollout_unroll)
 
     def advantages_and_targets(state: TrainState, traj: Transition):
         """Advantages and value targets (return units), ``[T, env, agent]``."""
