@@ -237,12 +237,11 @@ def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int =
     config = config.replace(total_timesteps=updates * config.batch_size,
                             samples_per_episode=samples_per_episode or config.samples_per_episode)
     params = run.policy(0, 0).params
-    rollout_config = module.with_decode_rounds(config, rollout_rounds)
+    rollout_agent = module.make(module.with_decode_rounds(config, rollout_rounds), env, base)
     key = jax.random.PRNGKey(seed)
     for iteration in range(1, iterations + 1):
         key, pick_key, rollout_key, train_key = jax.random.split(key, 4)
-        agent = module.make(rollout_config, env, base)
-        act = lambda obs, k, p=params: agent.act(module.Policy(p), obs, k)  # noqa: E731
+        act = lambda obs, k, p=params: rollout_agent.act(module.Policy(p), obs, k)  # noqa: E731
         picks = np.asarray(jax.random.choice(pick_key, count, (min(rollout_maps, count),), replace=False))
         episodes = rollouts(env, base, act, rollout_key, picks)
         if labeller == "lacam":
