@@ -247,7 +247,8 @@ def main(argv: list[str] | None = None) -> None:
                         "training; imagination_*: re-render the table from its saved json")
     parser.add_argument("--tasks", default=None,
                         help="pbrl_feedback, pbrl_queries: comma-separated tasks to rerun (e.g. Pendulum-v1); "
-                        "imagination_generalization: level counts (e.g. 16,64); the others' saved rows stay")
+                        "imagination_generalization: level counts (e.g. 16,64); mapf_random: row groups (baselines, "
+                        "map_policy, dagger, mappo); the others' saved rows stay")
     args = parser.parse_args(argv)
     from rlx.runner import compile_cache
 

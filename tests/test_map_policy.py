@@ -89,17 +89,19 @@ class RelabelledPool:
     behaviour_actions: jax.Array  # [M, T, n]
 
 
-@pytest.mark.parametrize("unasked, expected", [(-1, 4), (0, 0)])
+@pytest.mark.parametrize("unasked, expected", [((-1, -1), (4, 4)), ((0, 0), (0, 0)), ((0, -1), (0, 4))])
 def test_steps_labelled_minus_one_never_enter_the_loss(unasked, expected):
     """Both agents step right four times; the expert labels steps 0 and 2 "right" and steps 1 and 3 with
-    ``unasked``. As -1 (not asked) those states get no loss term, and the policy carries "right" over to
-    them; labelled "wait" (0) instead, the same states learn to wait, so the network can tell them apart."""
+    ``unasked`` (one label per agent). As -1 (not asked) those states get no loss term, and the policy carries
+    "right" over to them; labelled "wait" (0) instead, the same states learn to wait, so the network can tell
+    them apart. With one agent labelled and the other not, the step enters the loss for the labelled one
+    only (a step counted whole would teach both to wait; one dropped whole, neither)."""
     env = mp.ToyGrid(num_agents=2)
     count, steps = 16, 4
     starts = jnp.broadcast_to(jnp.array([[0, 0], [3, 0]]), (count, 2, 2))
     goals = jnp.broadcast_to(jnp.array([[0, 5], [3, 5]]), (count, 2, 2))
     behaviour = jnp.full((count, steps, 2), 4)
-    expert = behaviour.at[:, 1::2].set(unasked)
+    expert = behaviour.at[:, 1::2].set(jnp.array(unasked))
     params = RelabelledPool(starts, goals, expert, behaviour)
     config = mp.Config(total_timesteps=16 * steps * 150, num_envs=16, num_steps=steps, samples_per_episode=2,
                        channels=(32, 32, 32, 32), lr=3e-3)  # 9x9 receptive fields: each sees the goal differently
@@ -108,4 +110,4 @@ def test_steps_labelled_minus_one_never_enter_the_loss(unasked, expected):
     agent = mp.make(config, env, params)
     obs, env_state = env.reset_to(0, None, params)
     obs, *_ = env.step_env(None, env_state, jnp.array([4, 4]), params)  # the state of step 1
-    np.testing.assert_array_equal(np.argmax(np.asarray(agent.logits(state.policy, obs)), -1), [expected, expected])
+    np.testing.assert_array_equal(np.argmax(np.asarray(agent.logits(state.policy, obs)), -1), list(expected))

@@ -112,7 +112,7 @@ def test_reproduce_refines_a_copy_of_the_map_policy_run_once_and_keeps_both(run_
     study.refine_copy(source, target, rounds)  # the same schedule on the same run: kept as it is
     assert (target / "dagger.json").stat().st_mtime_ns == stamp
 
-    longer = rounds + ((1, dict(rollout_maps=2, updates=3)),)
+    longer = rounds + ((1, dict(rollout_maps=2, updates=3, focus="endgame", repeat=2)),)
     study.refine_copy(source, target, longer)  # a longer schedule goes on from the finished first round
     assert load_raw(target)[1]["updates_done"] == progress["updates_done"] + 2 + 3
     assert json.loads((target / "dagger.json").read_text())["rounds"] == [[count, options] for count, options in longer]
@@ -260,3 +260,18 @@ def test_defer_teacher_is_a_function_of_the_map_defer_observation():
     undeferred = dagger.pibt_labels(pool, np.arange(4), episodes["positions"], episodes["waiting"],
                                     **experts.STEPWISE_TEACHERS["pibt_swap_noise"])
     assert np.any(undeferred != actions)
+
+
+def test_endgame_rounds_keep_only_the_stuck_agents_and_their_neighbours():
+    """Hand-built: at step 0 three agents stand off their goals (more than ``most_off=2``: nothing kept); at
+    step 1 only agent 0 does, and its label is kept with that of agent 1, two cells away; agent 2, three
+    cells away, and agent 3, an unused slot next to agent 0, are not asked (-1)."""
+    goals = np.array([[[0, 5], [0, 2], [2, 1], [0, 1]]])
+    positions = np.array([[[[0, 0], [0, 3], [2, 2], [0, 1]],
+                           [[0, 0], [0, 2], [2, 1], [0, 1]]]])
+    present = np.array([[True, True, True, False]])
+    labels = np.array([[[4, 3, 3, 0], [4, 0, 0, 0]]], np.int8)
+    kept = dagger.endgame_only(labels, positions, goals, present, most_off=2, reach=2)
+    np.testing.assert_array_equal(kept, [[[-1, -1, -1, -1], [4, 0, -1, -1]]])
+    everything = dagger.endgame_only(labels, positions, goals, present, most_off=3, reach=3)
+    np.testing.assert_array_equal(everything, [[[4, 3, 3, -1], [4, 0, 0, -1]]])

@@ -63,8 +63,8 @@ def test_reproduce_reruns_only_the_named_tasks_of_studies_that_have_them(tmp_pat
     from rlx import reproduce
     from rlx.pbrl import query_study
 
-    with pytest.raises(SystemExit, match="--tasks: mapf_random has no tasks to choose from"):
-        reproduce.reproduce("mapf_random", None, True, tasks=("Pendulum-v1",))
+    with pytest.raises(SystemExit, match="--tasks: mm_quoting has no tasks to choose from"):
+        reproduce.reproduce("mm_quoting", None, True, tasks=("Pendulum-v1",))
     with pytest.raises(SystemExit, match="task 'Pendulum': valid: CartPole-v1, Acrobot-v1, Pendulum-v1"):
         query_study.reproduce(tmp_path, True, False, tasks=("Pendulum",))
     with pytest.raises(SystemExit, match="task 'Pendulum': valid: CartPole-v1, Acrobot-v1, Pendulum-v1"):

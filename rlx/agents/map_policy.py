@@ -38,8 +38,9 @@ The environment must offer (rlx's ``MapfEnv`` with ``observation="map"`` does):
   optionally ``params.behaviour_actions`` (same shape, or None): the actions replayed to reach
   the states, when they are not the expert's. DAgger (Ross et al., 2011) uses it: a pool entry
   then holds the learner's own episode and, as labels, the expert's action in each of its states.
-  A label of -1 marks a step the expert was not asked about (a costly expert labels a few steps
-  of each episode): the loss only samples labelled steps.
+  A label of -1 marks an agent's step the expert was not asked about (a costly expert labels a few
+  steps of each episode; a focused round labels only the agents it is about): the loss only samples
+  steps with some label and scores only the labelled agents.
 """
 
 from __future__ import annotations
@@ -197,8 +198,8 @@ def make(config: Config, env, env_params) -> Agent:
     behaviour = expert if behaviour is None else jnp.asarray(behaviour)
     pool_size, horizon = expert.shape[0], expert.shape[1]
     steps = min(config.num_steps, horizon)
-    # the steps worth a loss term: labelled, up to the last one the expert still moves in (at least the first)
-    labelled = jnp.all(expert[:, :steps] >= 0, axis=-1)
+    # the steps worth a loss term: some agent labelled, up to the last one the expert still moves in (at least the first)
+    labelled = jnp.any(expert[:, :steps] >= 0, axis=-1)
     moving = jnp.any(expert[:, :steps] > 0, axis=-1)
     lengths = jnp.max(jnp.where(moving, jnp.arange(steps)[None] + 1, 0), axis=1)
     worth = labelled & (jnp.arange(steps)[None] < jnp.maximum(lengths, 1)[:, None])

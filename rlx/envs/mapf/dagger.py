@@ -165,6 +165,24 @@ def lacam_labels(pool: MapfParams, instances, positions: np.ndarray, waiting: np
     return labels
 
 
+def endgame_only(labels: np.ndarray, positions: np.ndarray, goals: np.ndarray, present: np.ndarray,
+                 most_off: int = 8, reach: int = 2) -> np.ndarray:
+    """``labels [M, T, n]`` kept only for the endgame, -1 (not asked) elsewhere: at the steps where at most
+    ``most_off`` agents (and at least one) stand off their goals, the labels of those agents and of every
+    agent within ``reach`` cells (Manhattan) of one of them; ``positions [M, T, n, 2]``, ``goals [M, n, 2]``,
+    ``present [M, n]`` (used agent slots).
+
+    Where the learner still fails at N=64 it is mostly two or three agents that must pass each other in a
+    corridor or a dead end while the rest stand on their goals; the teacher's moves there (its swap: one
+    backs away to a junction, pulling the other after it) are a few agent-steps among thousands of easy
+    ones. Keeping only those agents' labels lets a round train on them alone."""
+    off = np.any(positions != goals[:, None], -1) & present[:, None]  # [M, T, n]
+    apart = np.abs(positions[:, :, :, None] - positions[:, :, None, :]).sum(-1)  # [M, T, n, n]
+    near_off = np.any((apart <= reach) & off[:, :, None, :], -1) & present[:, None]
+    count = off.sum(-1, keepdims=True)
+    return np.where(near_off & (count >= 1) & (count <= most_off), labels, -1).astype(labels.dtype)
+
+
 def aggregate(pool: MapfParams, instances, behaviour: np.ndarray, labels: np.ndarray) -> MapfParams:
     """``pool`` with the learner's episodes appended: entries that copy pool entries ``instances`` and
     replay ``behaviour [M, T, n]``, labelled ``labels``. The original entries replay their expert actions."""
@@ -186,11 +204,13 @@ def aggregate(pool: MapfParams, instances, behaviour: np.ndarray, labels: np.nda
 
 
 LABELLERS = ("teacher", "lacam")
+FOCUSES = ("all", "endgame")
 
 
 def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int = 256, extra_agents: tuple = (),
            samples_per_episode: int | None = None, seed: int = 0, log: Callable = print, labeller: str = "teacher",
-           lacam_steps: int = 16, node_limit: int = 2000, rollout_rounds: int = 4) -> None:
+           lacam_steps: int = 16, node_limit: int = 2000, rollout_rounds: int = 4, focus: str = "all",
+           rollout_agents: int | None = None, repeat: int = 1) -> None:
     """DAgger on a finished map-policy run (``+exp=mapf_map_policy``, seed 0): ``iterations`` rounds of
     (roll the policy out on ``rollout_maps`` training instances, label each state by PIBT, add the episodes to
     the pool, ``updates`` more imitation updates from the current parameters), then a new checkpoint in
@@ -205,7 +225,13 @@ def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int =
     ``rollout_rounds``: a policy that decodes in rounds (``decode_rounds`` > 1) decodes its rollouts in this
     many, whatever its config says (evaluation uses more, ``study.DECODE_ROUNDS``; 4 costs a quarter of 16,
     and the weaker rollouts reach more of the states that need the teacher's labels).
+    ``focus``: ``all`` (every visited state labelled) or ``endgame`` (only the learner's failed episodes, and
+    in them only the endgame's stuck agents and their neighbours: ``endgame_only``).
+    ``rollout_agents``: roll out only on the pool entries with this many agents (default: any).
+    ``repeat``: each new episode enters the pool this many times, so that few of them are drawn often.
     """
+    if focus not in FOCUSES:
+        raise ValueError(f"focus={focus!r}: valid: {', '.join(FOCUSES)}")
     if labeller not in LABELLERS:
         raise ValueError(f"labeller={labeller!r}: valid: {', '.join(LABELLERS)}")
     from pathlib import Path
@@ -233,7 +259,11 @@ def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int =
         pool = instances.merge_pools(pools)
         env = MapfEnv(pool.agent_mask.shape[1], env.obs_radius, env.collision_system, env.on_target, pool,
                       env.observation, env.progress_reward)
-    base, count = pool, pool.blocked.shape[0]
+    base = pool
+    agents = np.asarray(base.agent_mask).sum(1)
+    candidates = np.arange(len(agents)) if rollout_agents is None else np.nonzero(agents == rollout_agents)[0]
+    if len(candidates) == 0:
+        raise ValueError(f"rollout_agents={rollout_agents}: the pool holds {sorted(set(agents.tolist()))} agents")
     config = config.replace(total_timesteps=updates * config.batch_size,
                             samples_per_episode=samples_per_episode or config.samples_per_episode)
     params = run.policy(0, 0).params
@@ -242,20 +272,30 @@ def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int =
     for iteration in range(1, iterations + 1):
         key, pick_key, rollout_key, train_key = jax.random.split(key, 4)
         act = lambda obs, k, p=params: rollout_agent.act(module.Policy(p), obs, k)  # noqa: E731
-        picks = np.asarray(jax.random.choice(pick_key, count, (min(rollout_maps, count),), replace=False))
+        picks = candidates[np.asarray(jax.random.choice(pick_key, len(candidates),
+                                                        (min(rollout_maps, len(candidates)),), replace=False))]
         episodes = rollouts(env, base, act, rollout_key, picks)
+        solved_share = episodes["solved"].mean()
+        if focus == "endgame":
+            failed = ~episodes["solved"]
+            picks, episodes = picks[failed], {name: value[failed] for name, value in episodes.items()}
         if labeller == "lacam":
             labels = lacam_labels(base, picks, episodes["positions"], episodes["waiting"], lacam_steps, node_limit,
                                   seed=seed + iteration, move_noise=env.observation in ("map_noise", "map_defer"))
         else:
             labels = pibt_labels(base, picks, episodes["positions"], episodes["waiting"], seed=seed + iteration,
                                  **experts.STEPWISE_TEACHERS[teacher])
-        pool = aggregate(pool, picks, episodes["actions"], labels)
+        if focus == "endgame":
+            goals = np.asarray(base.goals)[picks]
+            labels = endgame_only(labels, episodes["positions"], goals[:, :, 0] if goals.ndim == 4 else goals,
+                                  np.asarray(base.agent_mask)[picks])
+        pool = aggregate(pool, np.repeat(picks, repeat), np.repeat(episodes["actions"], repeat, 0),
+                         np.repeat(labels, repeat, 0))
         agent = module.make(config, env, pool)
         state = agent.init(train_key).replace(params=params)
         state, metrics = jax.jit(lambda s: jax.lax.scan(lambda s, _: agent.update(s), s, None, updates))(state)
         params = state.params
-        log(f"[dagger] iteration {iteration}: {episodes['solved'].mean():.2f} of the rollouts solved; "
+        log(f"[dagger] iteration {iteration}: {solved_share:.2f} of the rollouts solved; "
             f"pool {pool.blocked.shape[0]}; loss {float(metrics['loss'][-16:].mean()):.3f}")
     state = run.state.replace(params=jax.tree.map(lambda old, new: old.at[0].set(new), run.state.params, params))
     step = int(run.progress.get("updates_done", 0)) + iterations * updates  # the newest checkpoint: loaded next
@@ -278,8 +318,12 @@ if __name__ == "__main__":
     parser.add_argument("--lacam-steps", type=int, default=16, help="states labelled per episode by LaCAM")
     parser.add_argument("--node-limit", type=int, default=2000, help="configurations per LaCAM search")
     parser.add_argument("--rollout-rounds", type=int, default=4, help="decoding rounds of the learner's rollouts")
+    parser.add_argument("--focus", choices=FOCUSES, default="all", help="endgame: only failed episodes' stuck agents")
+    parser.add_argument("--rollout-agents", type=int, default=None, help="roll out only on entries with this many agents")
+    parser.add_argument("--repeat", type=int, default=1, help="copies of each new episode in the pool")
     args = parser.parse_args()
     extra = tuple(int(n) for n in args.extra_agents.split(",") if n)
     refine(args.run_dir, args.iterations, args.updates, args.rollout_maps, extra, args.samples_per_episode,
            labeller=args.labeller, lacam_steps=args.lacam_steps, node_limit=args.node_limit,
-           rollout_rounds=args.rollout_rounds)
+           rollout_rounds=args.rollout_rounds, focus=args.focus, rollout_agents=args.rollout_agents,
+           repeat=args.repeat)

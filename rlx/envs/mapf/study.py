@@ -51,6 +51,9 @@ DAGGER_ROUNDS = ((3, dict(rollout_maps=256)),
                  (1, dict(rollout_maps=384, extra_agents=(64,), samples_per_episode=32)))
 QUICK_DAGGER_ROUNDS = ((1, dict(rollout_maps=4, updates=4)),
                        (1, dict(rollout_maps=4, updates=4, extra_agents=(64,), samples_per_episode=4)))
+MAPPO_LABEL = "MAPPO (decentralized, local windows)"
+# Row groups that ``reproduce(..., tasks=...)`` can rerun alone, keeping the saved table's other rows.
+TASKS = ("baselines", "map_policy", "dagger", "mappo")
 POLICY_LABEL = "map policy (centralized, imitates PIBT with swap, shown tie-breaks and deferral at goal pockets)"
 DAGGER_LABEL = f"{POLICY_LABEL} + DAgger (teacher labels)"
 # POGEMA's published CSR at N=64 on its random maps, for reference (not run here).
@@ -69,8 +72,9 @@ def lifelong_pool(maps: int):
     return drawn, instances.from_instances(drawn, LIFELONG_HORIZON, num_agents=LIFELONG_AGENTS, shape=(21, 21))
 
 
-def lifelong_rows(maps: int, learned: dict[str, tuple]) -> dict[str, dict]:
-    """Goal arrivals per step at N=64 in ``restart`` mode over ``LIFELONG_HORIZON`` steps, per method.
+def lifelong_rows(maps: int, learned: dict[str, tuple], with_baselines: bool = True) -> dict[str, dict]:
+    """Goal arrivals per step at N=64 in ``restart`` mode over ``LIFELONG_HORIZON`` steps, per method
+    (the ``learned`` policies', and with ``with_baselines`` random actions', shortest paths' and PIBT's).
 
     Every method runs in ``MapfEnv`` on the same maps and goal sequences; PIBT
     plans on the host one joint step at a time, taking each agent's next goal
@@ -79,12 +83,14 @@ def lifelong_rows(maps: int, learned: dict[str, tuple]) -> dict[str, dict]:
     n = LIFELONG_AGENTS
     drawn, pool = lifelong_pool(maps)
     env = lambda observation="local": MapfEnv(n, 5, "soft", "restart", pool, observation=observation)  # noqa: E731
-    rows = {"random actions": evaluation.evaluate_policy(env(), pool, evaluation.random_actions(n),
-                                                         jax.random.PRNGKey(1)),
-            "shortest path, no coordination": evaluation.evaluate_policy(
-                env("map"), pool, evaluation.greedy_shortest_path(n), jax.random.PRNGKey(1)),
-            "PIBT": evaluation.evaluate_actions(
-                env(), pool, evaluation.solver_actions(drawn, "pibt", LIFELONG_HORIZON, n, lifelong=True))}
+    rows = {}
+    if with_baselines:
+        rows = {"random actions": evaluation.evaluate_policy(env(), pool, evaluation.random_actions(n),
+                                                             jax.random.PRNGKey(1)),
+                "shortest path, no coordination": evaluation.evaluate_policy(
+                    env("map"), pool, evaluation.greedy_shortest_path(n), jax.random.PRNGKey(1)),
+                "PIBT": evaluation.evaluate_actions(
+                    env(), pool, evaluation.solver_actions(drawn, "pibt", LIFELONG_HORIZON, n, lifelong=True))}
     rows.update(learned_metrics(learned, n, pool, drawn, "restart", jax.random.PRNGKey(2)))
     return {label: {"mean": float(np.mean(m["throughput"])), "std": float(np.std(m["throughput"]))}
             for label, m in rows.items()}
@@ -192,55 +198,119 @@ def refine_copy(source: Path, target: Path, rounds: tuple) -> None:
         record.write_text(schedule(rounds[:k + 1]))
 
 
-def reproduce(out: Path, quick: bool, skip_training: bool) -> Path:
+def row_task(label: str) -> str:
+    """The task (``TASKS``) whose run or solvers a row of the table comes from."""
+    if label.startswith(DAGGER_LABEL):
+        return "dagger"
+    if label.startswith(POLICY_LABEL):
+        return "map_policy"
+    return "mappo" if label.startswith(MAPPO_LABEL) else "baselines"
+
+
+def merge_rows(fresh: dict, kept: dict, tasks: tuple[str, ...]) -> dict:
+    """The rows of ``tasks`` from ``fresh``, the others from ``kept``, grouped in ``TASKS`` order."""
+    return {label: values for task in TASKS
+            for label, values in (fresh if task in tasks else kept).items() if row_task(label) == task}
+
+
+def saved_results(out: Path, quick: bool, tasks: tuple[str, ...]) -> dict:
+    """The saved table's json when only some ``tasks`` are rerun (their rows replace the saved ones), else {};
+    ``evaluated`` (each task's evaluation time) falls back on the saved markdown's "Generated" line."""
+    for task in tasks:
+        if task not in TASKS:
+            raise SystemExit(f"task {task!r}: valid: {', '.join(TASKS)}")
+    if set(tasks) == set(TASKS):
+        return {}
+    suffix = "_quick" if quick else ""
+    saved, markdown = out / f"results{suffix}.json", out / f"results{suffix}.md"
+    if not saved.is_file():
+        raise SystemExit(f"--tasks {','.join(tasks)}: no saved {saved} to keep the other rows from; run them all")
+    results = {label: value if label in ("lifelong", "evaluated") else {int(n): row for n, row in value.items()}
+               for label, value in json.loads(saved.read_text()).items()}  # json keys are strings: N back to int
+    if "evaluated" not in results:
+        generated = markdown.read_text().split("Generated ", 1)[1].split(" by ", 1)[0] if markdown.is_file() else "?"
+        results["evaluated"] = {task: generated for task in TASKS}
+    return results
+
+
+def reproduce(out: Path, quick: bool, skip_training: bool, tasks: tuple[str, ...] | None = None) -> Path:
+    """Train (unless ``skip_training``), evaluate and write ``results.md`` / ``results.json`` into ``out``.
+
+    ``tasks`` (``TASKS``): train and evaluate only those runs' rows (``baselines``: the solvers and untrained
+    rows; ``dagger`` refines the existing behaviour-cloning run, it does not retrain it) and keep the saved
+    table's other rows; the table says when each task's rows were evaluated."""
+    tasks = tuple(tasks or TASKS)
+    saved = saved_results(out, quick, tasks)
     maps = 8 if quick else 128
     runs, suffix = out / "runs", "_quick" if quick else ""
     cloned, refined, mappo = (runs / f"{name}{suffix}" for name in
                               ("mapf_map_policy", "mapf_map_policy_dagger", "mappo_mapf_random"))
     if not skip_training:
         quick_overrides = ("algo.total_timesteps=4096", "env.options.pool_size=16", "run.eval_episodes=4")
-        for preset, run_dir in (("mapf_map_policy", cloned), ("mappo_mapf_random", mappo)):
-            train(preset, run_dir, quick_overrides if quick else ())
-        refine_copy(cloned, refined, QUICK_DAGGER_ROUNDS if quick else DAGGER_ROUNDS)
-    loaded = load_learned({POLICY_LABEL: cloned, DAGGER_LABEL: refined,
-                           "MAPPO (decentralized, local windows)": mappo})
+        for task, preset, run_dir in (("map_policy", "mapf_map_policy", cloned), ("mappo", "mappo_mapf_random", mappo)):
+            if task in tasks:
+                train(preset, run_dir, quick_overrides if quick else ())
+        if "dagger" in tasks or "map_policy" in tasks:
+            refine_copy(cloned, refined, QUICK_DAGGER_ROUNDS if quick else DAGGER_ROUNDS)
+    learned = {"map_policy": (POLICY_LABEL, cloned), "dagger": (DAGGER_LABEL, refined), "mappo": (MAPPO_LABEL, mappo)}
+    loaded = load_learned(dict(value for task, value in learned.items() if task in tasks))
     rows: dict[str, dict[int, dict]] = {}
     started = time.time()
     for n in AGENT_COUNTS:
         drawn, pool = test_pool(n, maps)
-        local = MapfEnv(n, 5, "soft", "nothing", pool)
         print(f"[mapf_random] N={n}: {maps} maps", flush=True)
-        rows.setdefault("random actions", {})[n] = evaluation.summarize(
-            evaluation.evaluate_policy(local, pool, evaluation.random_actions(n), jax.random.PRNGKey(n)))
-        whole_map = MapfEnv(n, 5, "soft", "nothing", pool, observation="map")
-        rows.setdefault("shortest path, no coordination", {})[n] = evaluation.summarize(
-            evaluation.evaluate_policy(whole_map, pool, evaluation.greedy_shortest_path(n), jax.random.PRNGKey(n)))
-        for label, solver in (("PIBT", "pibt"), ("PIBT with swap, ties by index", "pibt_swap_by_index"),
-                              ("PIBT with swap, ties by index and shown numbers", "pibt_swap_noise"),
-                              ("PIBT with swap, shown numbers, deferral at goal pockets (the map policy's teacher)",
-                               "pibt_swap_defer"),
-                              ("prioritized planning (space-time A*)", "prioritized"),
-                              ("LaCAM (ours, Python, PIBT with swap, at most 20,000 configurations)", "lacam")):
-            actions = evaluation.solver_actions(drawn, solver, HORIZON, n)
-            rows.setdefault(label, {})[n] = evaluation.summarize(evaluation.evaluate_actions(local, pool, actions))
+        if "baselines" in tasks:
+            rows.update({label: {**rows.get(label, {}), n: values}
+                         for label, values in baseline_rows(n, drawn, pool).items()})
         for label, metrics in learned_metrics(loaded, n, pool, drawn, "nothing", jax.random.PRNGKey(100 + n)).items():
             rows.setdefault(label, {})[n] = evaluation.summarize(metrics)
     print(f"[mapf_random] lifelong: N={LIFELONG_AGENTS}, {maps} maps", flush=True)
-    lifelong = lifelong_rows(maps, loaded)
+    lifelong = lifelong_rows(maps, loaded, with_baselines="baselines" in tasks)
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    evaluated = {task: stamp if task in tasks else saved["evaluated"][task] for task in TASKS}
+    rows = merge_rows(rows, saved, tasks)
+    lifelong = merge_rows(lifelong, saved.get("lifelong", {}), tasks)
     results = out / ("results_quick.md" if quick else "results.md")
-    results.write_text(render(rows, maps, quick, time.time() - started) + render_lifelong(lifelong, maps))
+    results.write_text(render(rows, maps, quick, time.time() - started, tasks, evaluated)
+                       + render_lifelong(lifelong, maps))
     (out / ("results_quick.json" if quick else "results.json")).write_text(
-        json.dumps({**rows, "lifelong": lifelong}, indent=1))
+        json.dumps({**rows, "lifelong": lifelong, "evaluated": evaluated}, indent=1))
     print(results.read_text())
     return results
 
 
-def render(rows: dict, maps: int, quick: bool, seconds: float) -> str:
+def baseline_rows(n: int, drawn: list[tuple], pool) -> dict[str, dict]:
+    """Summaries of the untrained rows at ``n`` agents: random actions, shortest paths, the solvers."""
+    local = MapfEnv(n, 5, "soft", "nothing", pool)
+    rows = {"random actions": evaluation.summarize(
+        evaluation.evaluate_policy(local, pool, evaluation.random_actions(n), jax.random.PRNGKey(n)))}
+    whole_map = MapfEnv(n, 5, "soft", "nothing", pool, observation="map")
+    rows["shortest path, no coordination"] = evaluation.summarize(
+        evaluation.evaluate_policy(whole_map, pool, evaluation.greedy_shortest_path(n), jax.random.PRNGKey(n)))
+    for label, solver in (("PIBT", "pibt"), ("PIBT with swap, ties by index", "pibt_swap_by_index"),
+                          ("PIBT with swap, ties by index and shown numbers", "pibt_swap_noise"),
+                          ("PIBT with swap, shown numbers, deferral at goal pockets (the map policy's teacher)",
+                           "pibt_swap_defer"),
+                          ("prioritized planning (space-time A*)", "prioritized"),
+                          ("LaCAM (ours, Python, PIBT with swap, at most 20,000 configurations)", "lacam")):
+        actions = evaluation.solver_actions(drawn, solver, HORIZON, n)
+        rows[label] = evaluation.summarize(evaluation.evaluate_actions(local, pool, actions))
+    return rows
+
+
+def render(rows: dict, maps: int, quick: bool, seconds: float, tasks: tuple[str, ...] = TASKS,
+           evaluated: dict | None = None) -> str:
     lines = ["# MAPF on unseen POGEMA-style random maps", ""]
     if quick:
         lines += ["QUICK smoke test (tiny budgets, 8 maps): these numbers mean nothing.", ""]
-    lines += [f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `python -m rlx.reproduce "
-              f"mapf_random{' --quick' if quick else ''}` ({seconds:.0f} s of evaluation). {maps} maps per N, "
+    command = f"python -m rlx.reproduce mapf_random{' --quick' if quick else ''}"
+    if set(tasks) == set(TASKS):
+        generated = f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `{command}`"
+    else:
+        when = ", ".join(f"{task} {stamp}" for task, stamp in (evaluated or {}).items())
+        generated = (f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `{command} --tasks "
+                     f"{','.join(tasks)}`, which re-evaluated those rows and kept the others (rows evaluated: {when})")
+    lines += [f"{generated} ({seconds:.0f} s of evaluation). {maps} maps per N, "
               "17-21 cells a side, density 0.1-0.3, horizon 128, soft collisions, `nothing` mode.", "",
               "CSR (all agents on their goals at once) / ISR (share of agents on their goal at the end):", "",
               "| method | " + " | ".join(f"N={n}" for n in AGENT_COUNTS) + " |",
@@ -263,7 +333,7 @@ def render(rows: dict, maps: int, quick: bool, seconds: float) -> str:
               "blocking each other forever), which sampling breaks.", "",
               "Targets: map policy CSR >= 0.9 at N=32 and >= 0.7 at N=64; MAPPO CSR >= 0.5 at N=16.", ""]
     for label, n, target in ((f"{DAGGER_LABEL}, sampled", 32, 0.9), (f"{DAGGER_LABEL}, sampled", 64, 0.7),
-                             ("MAPPO (decentralized, local windows), sampled", 16, 0.5)):
+                             (f"{MAPPO_LABEL}, sampled", 16, 0.5)):
         value = rows.get(label, {}).get(n, {}).get("csr")
         verdict = "not run" if value is None else ("MET" if value >= target else "MISSED")
         lines.append(f"- {label} at N={n}: {'—' if value is None else f'{value:.2f}'} (target {target}): {verdict}")
