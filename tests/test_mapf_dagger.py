@@ -112,7 +112,7 @@ def test_reproduce_refines_a_copy_of_the_map_policy_run_once_and_keeps_both(run_
     study.refine_copy(source, target, rounds)  # the same schedule on the same run: kept as it is
     assert (target / "dagger.json").stat().st_mtime_ns == stamp
 
-    longer = rounds + ((1, dict(rollout_maps=2, updates=3, focus="endgame", repeat=2)),)
+    longer = rounds + ((1, dict(rollout_maps=2, updates=3, endgame_repeat=2)),)
     study.refine_copy(source, target, longer)  # a longer schedule goes on from the finished first round
     assert load_raw(target)[1]["updates_done"] == progress["updates_done"] + 2 + 3
     assert json.loads((target / "dagger.json").read_text())["rounds"] == [[count, options] for count, options in longer]

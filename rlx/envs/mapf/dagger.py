@@ -204,13 +204,12 @@ def aggregate(pool: MapfParams, instances, behaviour: np.ndarray, labels: np.nda
 
 
 LABELLERS = ("teacher", "lacam")
-FOCUSES = ("all", "endgame")
 
 
 def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int = 256, extra_agents: tuple = (),
            samples_per_episode: int | None = None, seed: int = 0, log: Callable = print, labeller: str = "teacher",
-           lacam_steps: int = 16, node_limit: int = 2000, rollout_rounds: int = 4, focus: str = "all",
-           rollout_agents: int | None = None, repeat: int = 1) -> None:
+           lacam_steps: int = 16, node_limit: int = 2000, rollout_rounds: int = 4, rollout_agents: int | None = None,
+           endgame_repeat: int = 0) -> None:
     """DAgger on a finished map-policy run (``+exp=mapf_map_policy``, seed 0): ``iterations`` rounds of
     (roll the policy out on ``rollout_maps`` training instances, label each state by PIBT, add the episodes to
     the pool, ``updates`` more imitation updates from the current parameters), then a new checkpoint in
@@ -225,13 +224,11 @@ def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int =
     ``rollout_rounds``: a policy that decodes in rounds (``decode_rounds`` > 1) decodes its rollouts in this
     many, whatever its config says (evaluation uses more, ``study.DECODE_ROUNDS``; 4 costs a quarter of 16,
     and the weaker rollouts reach more of the states that need the teacher's labels).
-    ``focus``: ``all`` (every visited state labelled) or ``endgame`` (only the learner's failed episodes, and
-    in them only the endgame's stuck agents and their neighbours: ``endgame_only``).
     ``rollout_agents``: roll out only on the pool entries with this many agents (default: any).
-    ``repeat``: each new episode enters the pool this many times, so that few of them are drawn often.
+    ``endgame_repeat``: each failed episode also enters the pool this many more times labelled only in its
+    endgame, for the stuck agents and their neighbours (``endgame_only``), so that those few decisions are
+    drawn often; the episodes still enter once with every label, which keeps what earlier rounds taught.
     """
-    if focus not in FOCUSES:
-        raise ValueError(f"focus={focus!r}: valid: {', '.join(FOCUSES)}")
     if labeller not in LABELLERS:
         raise ValueError(f"labeller={labeller!r}: valid: {', '.join(LABELLERS)}")
     from pathlib import Path
@@ -275,27 +272,26 @@ def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int =
         picks = candidates[np.asarray(jax.random.choice(pick_key, len(candidates),
                                                         (min(rollout_maps, len(candidates)),), replace=False))]
         episodes = rollouts(env, base, act, rollout_key, picks)
-        solved_share = episodes["solved"].mean()
-        if focus == "endgame":
-            failed = ~episodes["solved"]
-            picks, episodes = picks[failed], {name: value[failed] for name, value in episodes.items()}
         if labeller == "lacam":
             labels = lacam_labels(base, picks, episodes["positions"], episodes["waiting"], lacam_steps, node_limit,
                                   seed=seed + iteration, move_noise=env.observation in ("map_noise", "map_defer"))
         else:
             labels = pibt_labels(base, picks, episodes["positions"], episodes["waiting"], seed=seed + iteration,
                                  **experts.STEPWISE_TEACHERS[teacher])
-        if focus == "endgame":
-            goals = np.asarray(base.goals)[picks]
-            labels = endgame_only(labels, episodes["positions"], goals[:, :, 0] if goals.ndim == 4 else goals,
-                                  np.asarray(base.agent_mask)[picks])
-        pool = aggregate(pool, np.repeat(picks, repeat), np.repeat(episodes["actions"], repeat, 0),
-                         np.repeat(labels, repeat, 0))
+        pool = aggregate(pool, picks, episodes["actions"], labels)
+        failed = ~episodes["solved"]
+        if endgame_repeat and failed.any():
+            goals = np.asarray(base.goals)[picks[failed], :, 0]
+            endgame = endgame_only(labels[failed], episodes["positions"][failed], goals,
+                                   np.asarray(base.agent_mask)[picks[failed]])
+            pool = aggregate(pool, np.repeat(picks[failed], endgame_repeat),
+                             np.repeat(episodes["actions"][failed], endgame_repeat, 0),
+                             np.repeat(endgame, endgame_repeat, 0))
         agent = module.make(config, env, pool)
         state = agent.init(train_key).replace(params=params)
         state, metrics = jax.jit(lambda s: jax.lax.scan(lambda s, _: agent.update(s), s, None, updates))(state)
         params = state.params
-        log(f"[dagger] iteration {iteration}: {solved_share:.2f} of the rollouts solved; "
+        log(f"[dagger] iteration {iteration}: {episodes['solved'].mean():.2f} of the rollouts solved; "
             f"pool {pool.blocked.shape[0]}; loss {float(metrics['loss'][-16:].mean()):.3f}")
     state = run.state.replace(params=jax.tree.map(lambda old, new: old.at[0].set(new), run.state.params, params))
     step = int(run.progress.get("updates_done", 0)) + iterations * updates  # the newest checkpoint: loaded next
@@ -318,12 +314,12 @@ if __name__ == "__main__":
     parser.add_argument("--lacam-steps", type=int, default=16, help="states labelled per episode by LaCAM")
     parser.add_argument("--node-limit", type=int, default=2000, help="configurations per LaCAM search")
     parser.add_argument("--rollout-rounds", type=int, default=4, help="decoding rounds of the learner's rollouts")
-    parser.add_argument("--focus", choices=FOCUSES, default="all", help="endgame: only failed episodes' stuck agents")
     parser.add_argument("--rollout-agents", type=int, default=None, help="roll out only on entries with this many agents")
-    parser.add_argument("--repeat", type=int, default=1, help="copies of each new episode in the pool")
+    parser.add_argument("--endgame-repeat", type=int, default=0,
+                        help="extra copies of each failed episode, labelled only for its stuck agents")
     args = parser.parse_args()
     extra = tuple(int(n) for n in args.extra_agents.split(",") if n)
     refine(args.run_dir, args.iterations, args.updates, args.rollout_maps, extra, args.samples_per_episode,
            labeller=args.labeller, lacam_steps=args.lacam_steps, node_limit=args.node_limit,
-           rollout_rounds=args.rollout_rounds, focus=args.focus, rollout_agents=args.rollout_agents,
-           repeat=args.repeat)
+           rollout_rounds=args.rollout_rounds, rollout_agents=args.rollout_agents,
+           endgame_repeat=args.endgame_repeat)
