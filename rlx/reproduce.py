@@ -189,6 +189,13 @@ CUSTOM = {"mapf_random": "rlx.envs.mapf.study", "mm_quoting": "rlx.envs.market.q
           "imagination_model_error": "rlx.imagination.model_error"}
 
 
+def check_tasks(tasks: tuple | None, valid) -> None:
+    """Stop before any work when ``tasks`` names one a study does not run, listing the ``valid`` ones."""
+    for task in tasks or ():
+        if task not in valid:
+            raise SystemExit(f"task {task!r}: valid: {', '.join(valid)}")
+
+
 def reproduce(name: str, seeds: int | None, quick: bool, skip_training: bool = False,
               tasks: tuple[str, ...] | None = None) -> Path:
     """Train, evaluate and write one experiment's table; ``seeds`` None: the experiment's own count.

@@ -198,7 +198,8 @@ def make(config: Config, env, env_params) -> Agent:
     behaviour = expert if behaviour is None else jnp.asarray(behaviour)
     pool_size, horizon = expert.shape[0], expert.shape[1]
     steps = min(config.num_steps, horizon)
-    # the steps worth a loss term: some agent labelled, up to the last one the expert still moves in (at least the first)
+    # the steps worth a loss term: some agent labelled, up to the last one the expert still moves in
+    # (at least the first)
     labelled = jnp.any(expert[:, :steps] >= 0, axis=-1)
     moving = jnp.any(expert[:, :steps] > 0, axis=-1)
     lengths = jnp.max(jnp.where(moving, jnp.arange(steps)[None] + 1, 0), axis=1)

@@ -19,6 +19,8 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from rlx.reproduce import check_tasks
+
 BUDGETS = (25, 50, 100, 200, 400)
 STRATEGIES = {"uniform": dict(selection="uniform"), "disagreement": dict(selection="disagreement"),
               "query-aligned": dict(selection="uniform", query_policy_aligned=True)}
@@ -178,13 +180,6 @@ def rerun_strategies(saved: dict, task: str, settings: dict, strategies: tuple, 
             rows[f"{strategy}, {budget} labels"] = summarise(returns, low, high)
             log(f"{task}: {strategy} {budget}: {returns.mean():.1f} (rerun)")
     return rows
-
-
-def check_tasks(tasks: tuple | None, configs: dict) -> None:
-    """Stop before any training when ``tasks`` names one the study does not run, listing the valid ones."""
-    for task in tasks or ():
-        if task not in configs:
-            raise SystemExit(f"task {task!r}: valid: {', '.join(configs)}")
 
 
 def reproduce(out: Path, quick: bool, skip_training: bool, seeds: int = 5, tasks: tuple | None = None,

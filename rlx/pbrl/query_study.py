@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from rlx.pbrl import feedback_study
+from rlx.reproduce import check_tasks
 
 EXPERIMENT_DIR = feedback_study.EXPERIMENT_DIR
 BUDGETS = (25, 50)
@@ -102,7 +103,7 @@ def reproduce(out: Path, quick: bool, skip_training: bool, seeds: int | None = N
     """
     out.mkdir(parents=True, exist_ok=True)
     configs = feedback_study.task_configs(quick)
-    feedback_study.check_tasks(tasks, configs)
+    check_tasks(tasks, configs)
     suffix = "_quick" if quick else ""
     path, saved = out / f"queries{suffix}.md", out / f"queries{suffix}.json"
     if skip_training and not saved.is_file():

@@ -257,7 +257,8 @@ def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int =
         env = MapfEnv(pool.agent_mask.shape[1], env.obs_radius, env.collision_system, env.on_target, pool,
                       env.observation, env.progress_reward)
     base = pool
-    agents = np.asarray(base.agent_mask).sum(1)
+    present = np.asarray(base.agent_mask)
+    agents = present.sum(1)
     candidates = np.arange(len(agents)) if rollout_agents is None else np.nonzero(agents == rollout_agents)[0]
     if len(candidates) == 0:
         raise ValueError(f"rollout_agents={rollout_agents}: the pool holds {sorted(set(agents.tolist()))} agents")
@@ -282,8 +283,7 @@ def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int =
         failed = ~episodes["solved"]
         if endgame_repeat and failed.any():
             goals = np.asarray(base.goals)[picks[failed], :, 0]
-            endgame = endgame_only(labels[failed], episodes["positions"][failed], goals,
-                                   np.asarray(base.agent_mask)[picks[failed]])
+            endgame = endgame_only(labels[failed], episodes["positions"][failed], goals, present[picks[failed]])
             pool = aggregate(pool, np.repeat(picks[failed], endgame_repeat),
                              np.repeat(episodes["actions"][failed], endgame_repeat, 0),
                              np.repeat(endgame, endgame_repeat, 0))
@@ -314,7 +314,8 @@ if __name__ == "__main__":
     parser.add_argument("--lacam-steps", type=int, default=16, help="states labelled per episode by LaCAM")
     parser.add_argument("--node-limit", type=int, default=2000, help="configurations per LaCAM search")
     parser.add_argument("--rollout-rounds", type=int, default=4, help="decoding rounds of the learner's rollouts")
-    parser.add_argument("--rollout-agents", type=int, default=None, help="roll out only on entries with this many agents")
+    parser.add_argument("--rollout-agents", type=int, default=None,
+                        help="roll out only on entries with this many agents")
     parser.add_argument("--endgame-repeat", type=int, default=0,
                         help="extra copies of each failed episode, labelled only for its stuck agents")
     args = parser.parse_args()

@@ -31,6 +31,7 @@ import numpy as np
 
 from rlx.envs.mapf import evaluation, instances
 from rlx.envs.mapf.env import MAP_OBSERVATIONS, MapfEnv
+from rlx.reproduce import check_tasks
 
 AGENT_COUNTS = (8, 16, 32, 64)
 HORIZON = 128
@@ -216,9 +217,7 @@ def merge_rows(fresh: dict, kept: dict, tasks: tuple[str, ...]) -> dict:
 def saved_results(out: Path, quick: bool, tasks: tuple[str, ...]) -> dict:
     """The saved table's json when only some ``tasks`` are rerun (their rows replace the saved ones), else {};
     ``evaluated`` (each task's evaluation time) falls back on the saved markdown's "Generated" line."""
-    for task in tasks:
-        if task not in TASKS:
-            raise SystemExit(f"task {task!r}: valid: {', '.join(TASKS)}")
+    check_tasks(tasks, TASKS)
     if set(tasks) == set(TASKS):
         return {}
     suffix = "_quick" if quick else ""
@@ -304,12 +303,13 @@ def render(rows: dict, maps: int, quick: bool, seconds: float, tasks: tuple[str,
     if quick:
         lines += ["QUICK smoke test (tiny budgets, 8 maps): these numbers mean nothing.", ""]
     command = f"python -m rlx.reproduce mapf_random{' --quick' if quick else ''}"
+    generated = f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `{command}"
     if set(tasks) == set(TASKS):
-        generated = f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `{command}`"
+        generated += "`"
     else:
         when = ", ".join(f"{task} {stamp}" for task, stamp in (evaluated or {}).items())
-        generated = (f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `{command} --tasks "
-                     f"{','.join(tasks)}`, which re-evaluated those rows and kept the others (rows evaluated: {when})")
+        generated += (f" --tasks {','.join(tasks)}`, which re-evaluated those rows and kept the others (rows "
+                      f"evaluated: {when})")
     lines += [f"{generated} ({seconds:.0f} s of evaluation). {maps} maps per N, "
               "17-21 cells a side, density 0.1-0.3, horizon 128, soft collisions, `nothing` mode.", "",
               "CSR (all agents on their goals at once) / ISR (share of agents on their goal at the end):", "",
