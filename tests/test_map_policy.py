@@ -111,3 +111,56 @@ def test_steps_labelled_minus_one_never_enter_the_loss(unasked, expected):
     obs, env_state = env.reset_to(0, None, params)
     obs, *_ = env.step_env(None, env_state, jnp.array([4, 4]), params)  # the state of step 1
     np.testing.assert_array_equal(np.argmax(np.asarray(agent.logits(state.policy, obs)), -1), list(expected))
+
+
+def test_the_eight_symmetries_turn_cells_and_moves_alike():
+    """For every symmetry of a 5x5 map: the cell an action leads to maps to the cell the mapped action leads to
+    from the mapped cell; the 8 symmetries are distinct, 0 is the identity, and each has the inverse that
+    ``transform_sample`` undoes it with (a marker plane comes back to its cell)."""
+    size, moves = 5, mp.MOVES
+    rows, cols = np.meshgrid(np.arange(1, size - 1), np.arange(1, size - 1), indexing="ij")
+    rows, cols = rows.ravel(), cols.ravel()  # inner cells: every move stays on the map
+    seen = set()
+    for symmetry in range(8):
+        permutation = np.asarray(mp.action_permutation(symmetry))
+        assert sorted(permutation.tolist()) == list(range(5)) and permutation[0] == 0
+        mapped = np.stack(mp.map_cells(symmetry, rows, cols, size), -1)
+        for action in range(5):
+            after = np.stack(mp.map_cells(symmetry, rows + moves[action, 0], cols + moves[action, 1], size), -1)
+            np.testing.assert_array_equal(after, mapped + moves[permutation[action]])
+        every = np.divmod(np.arange(size * size), size)
+        seen.add(tuple(np.asarray(mp.map_cells(symmetry, *every, size)).ravel()))  # where every cell goes
+        planes = np.zeros((size, size, 1), np.float32)
+        planes[0, 1, 0] = 1.0
+        turned, cells, _ = mp.transform_sample(symmetry, jnp.asarray(planes), jnp.array([1]), jnp.array([0]))
+        marker = np.argwhere(np.asarray(turned)[..., 0] == 1.0)
+        np.testing.assert_array_equal(marker, [np.asarray(mp.map_cells(symmetry, 0, 1, size))])
+        assert int(cells[0]) == marker[0, 0] * size + marker[0, 1]  # the agent's cell moved with the planes
+    assert len(seen) == 8
+    np.testing.assert_array_equal(mp.action_permutation(0), np.arange(5))
+    np.testing.assert_array_equal(mp.action_permutation(1), [0, 3, 4, 1, 2])  # transposed: up <-> left
+
+
+def test_transform_sample_reorders_per_move_planes_and_keeps_unlabelled_agents():
+    """A per-move plane group (up, down, left, right) at channel 1 follows its moves: after a quarter turn the
+    value that "up" held is where the mapped move's channel is; a -1 label stays -1."""
+    size = 3
+    planes = np.zeros((size, size, 6), np.float32)
+    planes[1, 1, 1:5] = [10, 20, 30, 40]  # up, down, left, right
+    planes[1, 1, 5] = 7.0  # a scalar plane rides along unchanged
+    for symmetry in range(8):
+        permutation = np.asarray(mp.action_permutation(symmetry))
+        turned, _, actions = mp.transform_sample(symmetry, jnp.asarray(planes), jnp.array([4, 4]),
+                                                 jnp.array([2, -1]), move_planes=(1,))
+        values = np.asarray(turned)[1, 1]  # the centre stays the centre
+        for action in range(1, 5):
+            assert values[permutation[action]] == planes[1, 1, action]
+        assert values[5] == 7.0
+        np.testing.assert_array_equal(actions, [permutation[2], -1])
+
+
+def test_augment_needs_square_maps_and_the_envs_move_planes():
+    params = coin_flip_pool(4, jax.random.PRNGKey(0))
+    config = mp.Config(total_timesteps=16, num_envs=4, num_steps=1, samples_per_episode=1, channels=(4,), augment=True)
+    with pytest.raises(ValueError, match="move_planes"):
+        mp.make(config, mp.ToyGrid(num_agents=2), params)  # its closer-planes are per move, and it does not say so

@@ -278,3 +278,38 @@ def test_mappo_with_the_path_channel_solves_small_unseen_instances(optimised):
     random = evaluation.evaluate_policy(unseen, pool, evaluation.random_actions(4), jax.random.PRNGKey(3))
     print(f"CSR learned {learned['csr'].mean():.2f}, random {random['csr'].mean():.2f}")
     assert learned["csr"].mean() >= 0.8 and random["csr"].mean() <= 0.1
+
+
+@pytest.mark.parametrize("symmetry", range(8))
+def test_map_planes_turn_with_the_map(symmetry):
+    """``map_policy``'s ``augment`` trains on turned and mirrored samples: the planes of a turned instance
+    must be the turned planes of the original (``transform_sample`` with the env's ``move_planes``), at the
+    start and after the same (turned) random joint moves, for every ``map_defer`` channel but the tie-break
+    numbers (drawn per cell position, which a turn does not keep)."""
+    from rlx.agents import map_policy as mp
+    from rlx.envs.mapf.env import PRIORITY_CHANNELS, MAP_CHANNELS
+
+    rng = np.random.default_rng(5)
+    size, n = 9, 6
+    grid = maps.random_map(size, 0.2, rng)
+    starts, goals = maps.sample_instance(grid, n, rng)
+    turn = lambda cells: np.stack(mp.map_cells(symmetry, cells[..., 0], cells[..., 1], size), -1)  # noqa: E731
+    turned_grid = np.zeros_like(grid)
+    turned_grid[tuple(turn(np.argwhere(np.ones_like(grid))).T)] = grid.ravel()
+    pool = instances.from_instances([(grid, starts, goals), (turned_grid, turn(starts), turn(goals))], 32, num_agents=n)
+    env = MapfEnv(n, 5, "soft", "nothing", pool, observation="map_defer")
+    permutation = np.asarray(mp.action_permutation(symmetry))
+    noise = MAP_CHANNELS + PRIORITY_CHANNELS
+    key = jax.random.PRNGKey(0)
+    (obs, state), (turned_obs, turned_state) = env.reset_to(0, key, pool), env.reset_to(1, key, pool)
+    for t in range(12):
+        planes, me = obs[0, ..., :-1], obs[..., -1]
+        cells = jnp.argmax(me.reshape(n, -1), -1)
+        expected, expected_cells, _ = mp.transform_sample(symmetry, planes, cells, jnp.zeros(n, jnp.int32),
+                                                          env.move_planes)
+        keep = [c for c in range(planes.shape[-1]) if c != noise]
+        np.testing.assert_array_equal(np.asarray(turned_obs[0])[..., keep], np.asarray(expected)[..., keep], err_msg=str(t))
+        np.testing.assert_array_equal(np.argmax(turned_obs[..., -1].reshape(n, -1), -1), expected_cells)
+        actions = rng.integers(0, 5, n)
+        obs, state, *_ = env.step_env(key, state, jnp.asarray(actions), pool)
+        turned_obs, turned_state, *_ = env.step_env(key, turned_state, jnp.asarray(permutation[actions]), pool)

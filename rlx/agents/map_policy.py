@@ -19,6 +19,12 @@ the next rounds see the kept moves as extra input planes (each decided agent's
 action, one-hot, on its cell). Training shows the network a random share of
 agents already decided on the expert's actions and scores only the others.
 
+With ``augment``, each training sample is first turned or mirrored by one of the
+square's 8 symmetries, drawn at random (planes, agent cells and action labels
+alike), so that a pool of M maps teaches as 8M would: a map's rules and an
+expert like PIBT treat every direction alike. Needs square maps and, for
+per-move input planes, the environment's ``move_planes``.
+
 Training is behaviour cloning of an expert's joint actions (e.g. PIBT): each
 update draws ``num_envs`` instances from the environment's pool, replays the
 expert's actions there for ``num_steps`` steps (so the states are the
@@ -41,6 +47,8 @@ The environment must offer (rlx's ``MapfEnv`` with ``observation="map"`` does):
   A label of -1 marks an agent's step the expert was not asked about (a costly expert labels a few
   steps of each episode; a focused round labels only the agents it is about): the loss only samples
   steps with some label and scores only the labelled agents.
+* for ``augment``: ``env.move_planes``, the first channel of each group of 4 feature planes that hold
+  one value per move (up, down, left, right), which a symmetry reorders (``()`` if none).
 """
 
 from __future__ import annotations
@@ -55,6 +63,7 @@ import optax
 from flax import struct
 
 NUM_ACTIONS = 5  # wait, up, down, left, right
+MOVES = np.array([[0, 0], [-1, 0], [1, 0], [0, -1], [0, 1]])  # (row, column) step of each action
 
 
 def static(default):
@@ -76,6 +85,7 @@ class Config:
     channels: tuple = static((32, 32, 32, 32, 32, 32))  # one 3x3 convolution per entry
     decode_rounds: int = static(1)  # 1: agents choose independently; K > 1: in K rounds, each seeing earlier choices
     anneal_lr: bool = static(True)
+    augment: bool = static(False)  # each sample seen in one of the square's 8 symmetries, drawn at random
 
     @property
     def batch_size(self) -> int:
@@ -157,6 +167,51 @@ def commit_most_confident(committed, sampled, actions, confidence, count):
     return committed | new, jnp.where(new, sampled, actions)
 
 
+# --------------------------------------------------------------------------- symmetries of the square
+
+
+def symmetry_bits(symmetry):
+    """``symmetry`` in [0, 8): (transpose, flip rows, flip columns), applied in that order."""
+    return symmetry & 1, (symmetry >> 1) & 1, (symmetry >> 2) & 1
+
+
+def map_cells(symmetry, rows, cols, size):
+    """Where cells ``(rows, cols)`` of a ``size x size`` map go under ``symmetry``."""
+    transpose, flip_rows, flip_cols = symmetry_bits(symmetry)
+    rows, cols = jnp.where(transpose, cols, rows), jnp.where(transpose, rows, cols)
+    return jnp.where(flip_rows, size - 1 - rows, rows), jnp.where(flip_cols, size - 1 - cols, cols)
+
+
+def action_permutation(symmetry):
+    """``int[5]``: the action that each action becomes under ``symmetry`` (wait stays wait)."""
+    moves = jnp.asarray(MOVES)
+    rows, cols = map_cells(symmetry, moves[:, 0], moves[:, 1], 1)  # a 1x1 map: flips negate the step
+    turned = jnp.stack([rows, cols], -1)
+    return jnp.argmax(jnp.all(turned[:, None] == moves[None], -1), -1)
+
+
+def transform_sample(symmetry, planes, cells, actions, move_planes: tuple = ()):
+    """One sample under ``symmetry``: shared planes ``[H, W, C]`` (H == W), agents' flat cell indices ``[n]`` and
+    their actions ``[n]`` (-1, unlabelled, stays -1). Per-move channels (4 from each of ``move_planes``) swap
+    as their moves do."""
+    size = planes.shape[0]
+    rows, cols = jnp.divmod(jnp.arange(size * size), size)
+    inverse = jnp.array([0, 1, 2, 5, 4, 3, 6, 7])[symmetry]  # transpose first, flips after: 3 and 5 undo each other
+    source_rows, source_cols = map_cells(inverse, rows, cols, size)
+    planes = planes.reshape(size * size, -1)[source_rows * size + source_cols].reshape(planes.shape)
+    permutation = action_permutation(symmetry)
+    if move_planes:
+        order = np.arange(planes.shape[-1])
+        channels = jnp.asarray(order)
+        for first in move_planes:
+            # channel first + permutation[a] - 1 now holds what channel first + a - 1 held
+            channels = channels.at[first + permutation[1:] - 1].set(jnp.asarray(order[first:first + 4]))
+        planes = planes[..., channels]
+    cell_rows, cell_cols = map_cells(symmetry, cells // size, cells % size, size)
+    actions = jnp.where(actions >= 0, permutation[jnp.maximum(actions, 0)], actions)
+    return planes, (cell_rows * size + cell_cols).astype(cells.dtype), actions.astype(jnp.int32)
+
+
 def agent_logits(cell_logits, me):
     """Each agent's logits ``[..., n, 5]``: the cell logits ``[..., H, W, 5]`` at its own cell
     (``me`` ``[..., n, H, W]`` is 1 there)."""
@@ -207,6 +262,14 @@ def make(config: Config, env, env_params) -> Agent:
     worth = worth.at[:, 0].set(worth[:, 0] | ~jnp.any(worth, axis=1))
     obs_spec, _ = jax.eval_shape(lambda k: env.reset_to(0, k, env_params), jax.random.PRNGKey(0))
     features = obs_spec.shape[-1] - 1
+    if config.augment:
+        if obs_spec.shape[-3] != obs_spec.shape[-2]:
+            raise ValueError(f"augment=True: needs square maps, got {obs_spec.shape[-3]}x{obs_spec.shape[-2]}")
+        if not hasattr(env, "move_planes"):
+            raise ValueError("augment=True: the environment must say which planes are per move (env.move_planes, "
+                             "() if none)")
+        move_planes = tuple(int(c) for c in env.move_planes)
+        turn = jax.vmap(lambda s, p, c, a: transform_sample(s, p, c, a, move_planes))
 
     optimizer = optax.chain(
         optax.clip_by_global_norm(config.max_grad_norm),
@@ -303,6 +366,10 @@ def make(config: Config, env, env_params) -> Agent:
         take = lambda x: jnp.take_along_axis(  # noqa: E731
             x, picks.reshape(picks.shape + (1,) * (x.ndim - 2)), axis=1).reshape((-1,) + x.shape[2:])
         batch = (take(planes), take(cells), take(active), take(actions))
+        if config.augment:
+            symmetries = jax.random.randint(jax.random.fold_in(sample_key, 2), batch[1].shape[:1], 0, 8)
+            turned_planes, turned_cells, turned_actions = turn(symmetries, batch[0], batch[1], batch[3])
+            batch = (turned_planes, turned_cells, batch[2], turned_actions)
         batch = (*batch, commit_at_random(jax.random.fold_in(sample_key, 1), batch[2], batch[3]))
         (loss, accuracy), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, *batch)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)

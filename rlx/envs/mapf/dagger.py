@@ -209,7 +209,7 @@ LABELLERS = ("teacher", "lacam")
 def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int = 256, extra_agents: tuple = (),
            samples_per_episode: int | None = None, seed: int = 0, log: Callable = print, labeller: str = "teacher",
            lacam_steps: int = 16, node_limit: int = 2000, rollout_rounds: int = 4, rollout_agents: int | None = None,
-           endgame_repeat: int = 0) -> None:
+           endgame_repeat: int = 0, augment: bool | None = None) -> None:
     """DAgger on a finished map-policy run (``+exp=mapf_map_policy``, seed 0): ``iterations`` rounds of
     (roll the policy out on ``rollout_maps`` training instances, label each state by PIBT, add the episodes to
     the pool, ``updates`` more imitation updates from the current parameters), then a new checkpoint in
@@ -228,6 +228,7 @@ def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int =
     ``endgame_repeat``: each failed episode also enters the pool this many more times labelled only in its
     endgame, for the stuck agents and their neighbours (``endgame_only``), so that those few decisions are
     drawn often; the episodes still enter once with every label, which keeps what earlier rounds taught.
+    ``augment``: train on turned and mirrored samples (``map_policy``'s ``augment``; default: as the run did).
     """
     if labeller not in LABELLERS:
         raise ValueError(f"labeller={labeller!r}: valid: {', '.join(LABELLERS)}")
@@ -263,7 +264,8 @@ def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int =
     if len(candidates) == 0:
         raise ValueError(f"rollout_agents={rollout_agents}: the pool holds {sorted(set(agents.tolist()))} agents")
     config = config.replace(total_timesteps=updates * config.batch_size,
-                            samples_per_episode=samples_per_episode or config.samples_per_episode)
+                            samples_per_episode=samples_per_episode or config.samples_per_episode,
+                            augment=config.augment if augment is None else augment)
     params = run.policy(0, 0).params
     rollout_agent = module.make(module.with_decode_rounds(config, rollout_rounds), env, base)
     key = jax.random.PRNGKey(seed)
@@ -318,9 +320,11 @@ if __name__ == "__main__":
                         help="roll out only on entries with this many agents")
     parser.add_argument("--endgame-repeat", type=int, default=0,
                         help="extra copies of each failed episode, labelled only for its stuck agents")
+    parser.add_argument("--augment", action=argparse.BooleanOptionalAction, default=None,
+                        help="train on turned and mirrored samples (default: as the run did)")
     args = parser.parse_args()
     extra = tuple(int(n) for n in args.extra_agents.split(",") if n)
     refine(args.run_dir, args.iterations, args.updates, args.rollout_maps, extra, args.samples_per_episode,
            labeller=args.labeller, lacam_steps=args.lacam_steps, node_limit=args.node_limit,
            rollout_rounds=args.rollout_rounds, rollout_agents=args.rollout_agents,
-           endgame_repeat=args.endgame_repeat)
+           endgame_repeat=args.endgame_repeat, augment=args.augment)

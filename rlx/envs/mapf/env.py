@@ -55,6 +55,7 @@ ON_TARGET_MODES = ("finish", "nothing", "restart")
 OBSERVATIONS = ("local", "local_path", "map", "map_priority", "map_noise", "map_defer")
 MAP_OBSERVATIONS = ("map", "map_priority", "map_noise", "map_defer")  # whole-map planes plus a "this is me" plane
 MAP_CHANNELS = 8  # see MapfEnv.map_features
+MOVE_PLANES = 3  # the first of map_features' four per-move channels
 PRIORITY_CHANNELS = 2  # see MapfEnv.priority_planes ("map_priority" observations)
 POCKET_INNER, POCKET_WAY = 1, 2  # goal_pockets codes: the region a goal shuts off, the goal and its corridor
 
@@ -127,6 +128,12 @@ class MapfEnv(MultiAgentEnv):
         self.collision_system = collision_system
         self.on_target = on_target
         self._pool = pool
+
+    @property
+    def move_planes(self) -> tuple[int, ...]:
+        """Where whole-map observations hold one plane per move (up, down, left, right: ``map_features``'
+        distance changes), for policies that train on turned or mirrored maps (``map_policy``'s ``augment``)."""
+        return (MOVE_PLANES,) if self.observation in MAP_OBSERVATIONS else ()
 
     @property
     def default_params(self) -> MapfParams:
