@@ -115,8 +115,8 @@ def test_steps_labelled_minus_one_never_enter_the_loss(unasked, expected):
 
 def test_the_eight_symmetries_turn_cells_and_moves_alike():
     """For every symmetry of a 5x5 map: the cell an action leads to maps to the cell the mapped action leads to
-    from the mapped cell; the 8 symmetries are distinct, 0 is the identity, and each has the inverse that
-    ``transform_sample`` undoes it with (a marker plane comes back to its cell)."""
+    from the mapped cell; the 8 symmetries are distinct, 0 is the identity, and ``transform_sample`` moves a
+    marker plane and the agent's cell to where ``map_cells`` sends that cell."""
     size, moves = 5, mp.MOVES
     rows, cols = np.meshgrid(np.arange(1, size - 1), np.arange(1, size - 1), indexing="ij")
     rows, cols = rows.ravel(), cols.ravel()  # inner cells: every move stays on the map
@@ -159,7 +159,7 @@ def test_transform_sample_reorders_per_move_planes_and_keeps_unlabelled_agents()
         np.testing.assert_array_equal(actions, [permutation[2], -1])
 
 
-def test_augment_needs_square_maps_and_the_envs_move_planes():
+def test_augment_needs_the_envs_move_planes():
     params = coin_flip_pool(4, jax.random.PRNGKey(0))
     config = mp.Config(total_timesteps=16, num_envs=4, num_steps=1, samples_per_episode=1, channels=(4,), augment=True)
     with pytest.raises(ValueError, match="move_planes"):

@@ -9,10 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rlx.agents import map_policy as mp
 from rlx.agents import mappo
 from rlx.envs import registry
 from rlx.envs.mapf import evaluation, experts, instances, make_mapf, maps
-from rlx.envs.mapf.env import COLLISION_SYSTEMS, MapfEnv, distance_fields, move, shortest_path_actions
+from rlx.envs.mapf.env import (COLLISION_SYSTEMS, MAP_CHANNELS, PRIORITY_CHANNELS, MapfEnv, distance_fields, move,
+                               shortest_path_actions)
 from rlx.errors import ConfigError
 
 
@@ -286,9 +288,6 @@ def test_map_planes_turn_with_the_map(symmetry):
     must be the turned planes of the original (``transform_sample`` with the env's ``move_planes``), at the
     start and after the same (turned) random joint moves, for every ``map_defer`` channel but the tie-break
     numbers (drawn per cell position, which a turn does not keep)."""
-    from rlx.agents import map_policy as mp
-    from rlx.envs.mapf.env import PRIORITY_CHANNELS, MAP_CHANNELS
-
     rng = np.random.default_rng(5)
     size, n = 9, 6
     grid = maps.random_map(size, 0.2, rng)
@@ -308,7 +307,8 @@ def test_map_planes_turn_with_the_map(symmetry):
         expected, expected_cells, _ = mp.transform_sample(symmetry, planes, cells, jnp.zeros(n, jnp.int32),
                                                           env.move_planes)
         keep = [c for c in range(planes.shape[-1]) if c != noise]
-        np.testing.assert_array_equal(np.asarray(turned_obs[0])[..., keep], np.asarray(expected)[..., keep], err_msg=str(t))
+        np.testing.assert_array_equal(np.asarray(turned_obs[0])[..., keep], np.asarray(expected)[..., keep],
+                                      err_msg=f"step {t}")
         np.testing.assert_array_equal(np.argmax(turned_obs[..., -1].reshape(n, -1), -1), expected_cells)
         actions = rng.integers(0, 5, n)
         obs, state, *_ = env.step_env(key, state, jnp.asarray(actions), pool)

@@ -196,18 +196,12 @@ def transform_sample(symmetry, planes, cells, actions, move_planes: tuple = ()):
     their actions ``[n]`` (-1, unlabelled, stays -1). Per-move channels (4 from each of ``move_planes``) swap
     as their moves do."""
     size = planes.shape[0]
-    rows, cols = jnp.divmod(jnp.arange(size * size), size)
-    inverse = jnp.array([0, 1, 2, 5, 4, 3, 6, 7])[symmetry]  # transpose first, flips after: 3 and 5 undo each other
-    source_rows, source_cols = map_cells(inverse, rows, cols, size)
-    planes = planes.reshape(size * size, -1)[source_rows * size + source_cols].reshape(planes.shape)
+    to_rows, to_cols = map_cells(symmetry, *jnp.divmod(jnp.arange(size * size), size), size)
+    flat = planes.reshape(size * size, -1)
+    planes = jnp.zeros_like(flat).at[to_rows * size + to_cols].set(flat).reshape(planes.shape)
     permutation = action_permutation(symmetry)
-    if move_planes:
-        order = np.arange(planes.shape[-1])
-        channels = jnp.asarray(order)
-        for first in move_planes:
-            # channel first + permutation[a] - 1 now holds what channel first + a - 1 held
-            channels = channels.at[first + permutation[1:] - 1].set(jnp.asarray(order[first:first + 4]))
-        planes = planes[..., channels]
+    for first in move_planes:  # the plane of move a goes where the plane of the move it becomes was
+        planes = planes.at[..., first + permutation[1:] - 1].set(planes[..., first:first + 4])
     cell_rows, cell_cols = map_cells(symmetry, cells // size, cells % size, size)
     actions = jnp.where(actions >= 0, permutation[jnp.maximum(actions, 0)], actions)
     return planes, (cell_rows * size + cell_cols).astype(cells.dtype), actions.astype(jnp.int32)
@@ -402,7 +396,7 @@ class ToyGrid:
     """Agents cross an open ``size x size`` grid; a move into another agent's cell or a contested cell
     (lowest index wins) is a wait. Map planes: agents, goals, and per agent which moves bring it closer."""
 
-    moves = jnp.array([[0, 0], [-1, 0], [1, 0], [0, -1], [0, 1]])
+    moves = jnp.asarray(MOVES)
 
     def __init__(self, size: int = 6, num_agents: int = 4):
         self.size, self.num_agents = size, num_agents
