@@ -76,6 +76,32 @@ def test_training_reads_decode_rounds_only_as_more_than_one():
     assert mp.with_decode_rounds(mp.Config(decode_rounds=1), 16).decode_rounds == 1
 
 
+class WithoutObservations:
+    """``ToyGrid`` hiding its ``observations``: training must then keep what ``step_env`` returns."""
+
+    def __init__(self, env):
+        self.num_agents, self.reset_to, self.step_env = env.num_agents, env.reset_to, env.step_env
+
+
+def test_observing_only_the_sampled_steps_trains_as_observing_every_step():
+    """With ``env.observations`` training observes only the steps it samples; without, every replayed step.
+    Both see the same samples: the same replayed episode, and the same parameters after 5 updates."""
+    env = mp.ToyGrid(num_agents=3)
+    params = env.pool(jax.random.PRNGKey(1), 16, 12)
+    config = mp.Config(total_timesteps=8 * 12 * 5, num_envs=8, num_steps=12, samples_per_episode=3,
+                       channels=(8, 8), decode_rounds=2)
+    trained, episodes = [], []
+    for seen in (env, WithoutObservations(env)):
+        episodes.append(mp.make(config, seen, params).replay(3, jax.random.PRNGKey(2)))
+        state, _ = jax.jit(lambda k, e=seen: mp.train(config, e, params, k))(jax.random.PRNGKey(3))
+        trained.append(jax.tree.leaves(state.params))
+    assert episodes[0][0].shape == (12, 6, 6, 7) and np.any(np.asarray(episodes[0][3]) > 0)
+    for ours, theirs in zip(episodes[0], episodes[1], strict=True):
+        np.testing.assert_array_equal(ours, theirs)
+    for ours, theirs in zip(trained[0], trained[1], strict=True):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
 def test_decode_rounds_must_be_positive():
     with pytest.raises(ValueError, match="decode_rounds=0"):
         mp.validate(mp.Config(decode_rounds=0))

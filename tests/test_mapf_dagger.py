@@ -7,6 +7,7 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from rlx.agents import map_policy
 from rlx.envs.mapf import dagger, evaluation, experts, first_goal_distances, instances, tie_noise
@@ -214,25 +215,29 @@ def test_goal_pockets_in_jax_match_the_host_ones_on_random_maps():
     assert marked >= 20  # the comparison covered real pockets
 
 
-def test_defer_teacher_is_a_function_of_the_map_defer_observation():
-    """Along the ``pibt_swap_defer`` teacher's paths on crowded maps, the environment's deferred agents are the
-    teacher's, its waiting steps are the teacher's priorities, its move planes rank each deferred agent's moves
-    as the teacher's distances do, and one teacher step from each state (DAgger's label) repeats the teacher's
-    joint action; without deferral it does not."""
+@pytest.mark.parametrize("teacher, observation, weaker", [("pibt_swap_defer", "map_defer", "pibt_swap_noise"),
+                                                          ("pibt_swap_route", "map_route", "pibt_swap_defer")])
+def test_teacher_is_a_function_of_its_observation(teacher, observation, weaker):
+    """Along the teacher's paths on crowded maps, the environment's deferred agents are the teacher's, its
+    waiting steps are the teacher's priorities, its move planes rank every agent's moves as the teacher's
+    cost-to-go fields do (``experts.planning_fields``: deferred agents', and with ``map_route`` the fields
+    routed around resting agents), and one teacher step from each state (DAgger's label) repeats the
+    teacher's joint action; the teacher without its last rule (``weaker``) does not."""
     n, horizon = 24, 40
     drawn = instances.random_instances(4, n, seed=11, size=(9, 11), density=(0.25, 0.3))
     pool = instances.from_instances(drawn, horizon, num_agents=n, shape=(11, 11))
     pool = pool.replace(goal_distances=first_goal_distances(pool))
-    solutions = [experts.pibt_swap_defer(g, s, goals, horizon) for g, s, goals in drawn]
+    solutions = [experts.SOLVERS[teacher](g, s, goals, horizon) for g, s, goals in drawn]
     actions = experts.joint_actions(solutions, horizon, n)
-    env = MapfEnv(n, 2, "soft", "nothing", pool, observation="map_defer")
+    env = MapfEnv(n, 2, "soft", "nothing", pool, observation=observation)
     assert env.observation_space(pool).shape == (11, 11, MAP_CHANNELS + PRIORITY_CHANNELS + 2)
     episodes = {"positions": np.zeros((4, horizon, n, 2), np.int64), "waiting": np.zeros((4, horizon, n), np.int64)}
-    deferred_steps = 0
+    route = observation == "map_route"
+    deferred_steps = routed_moves = 0
     for m, ((grid, _, goals), solution) in enumerate(zip(drawn, solutions)):
+        plain = [experts.distances_to(grid, goal) for goal in goals]
         pockets = np.stack([experts.goal_pocket(grid, goal) for goal in goals])
-        away = [experts.deferred_distances(experts.distances_to(grid, goal), pocket)
-                for goal, pocket in zip(goals, pockets)]
+        away = [experts.deferred_distances(field, pocket) for field, pocket in zip(plain, pockets)]
         priority = experts.tiebreakers(n, "index", None)
         obs, state = env.reset_to(m, jax.random.PRNGKey(0), pool)
         for t in range(horizon):
@@ -243,23 +248,27 @@ def test_defer_teacher_is_a_function_of_the_map_defer_observation():
                 priority = experts.raise_priorities(priority, here, goals)
                 priority = np.where(keep_off, priority % 1, priority)  # as the teacher ranks deferred agents
                 np.testing.assert_array_equal(np.floor(priority), env.waiting_steps(state))
-            for i in np.flatnonzero(keep_off):
-                deferred_steps += 1
+            fields = experts.planning_fields(grid, goals, here, plain, away, keep_off, route)
+            deferred_steps += int(keep_off.sum())
+            for i in range(n):
                 r, c = here[i]
                 for k, (dr, dc) in enumerate(experts.MOVES[1:]):
                     inside = 0 <= r + dr < grid.shape[0] and 0 <= c + dc < grid.shape[1] and not grid[r + dr, c + dc]
-                    expected = np.sign(away[i][r + dr, c + dc] - away[i][r, c]) if inside else 1
+                    expected = np.sign(fields[i][r + dr, c + dc] - fields[i][r, c]) if inside else 1
                     assert obs[0, r, c, 3 + k] == expected
+                    plain_sign = np.sign(plain[i][r + dr, c + dc] - plain[i][r, c]) if inside else 1
+                    routed_moves += int(not keep_off[i] and expected != plain_sign)
             episodes["positions"][m, t] = here
             episodes["waiting"][m, t] = env.waiting_steps(state)
             obs, state, *_ = env.step_env(jax.random.PRNGKey(t), state, jnp.asarray(actions[m, t]), pool)
     assert deferred_steps >= 10
+    assert (routed_moves >= 10) == route  # the routed planes differ from the plain ones only with map_route
     labels = dagger.pibt_labels(pool, np.arange(4), episodes["positions"], episodes["waiting"],
-                                **experts.STEPWISE_TEACHERS["pibt_swap_defer"])
+                                **experts.STEPWISE_TEACHERS[teacher])
     np.testing.assert_array_equal(labels, actions)
-    undeferred = dagger.pibt_labels(pool, np.arange(4), episodes["positions"], episodes["waiting"],
-                                    **experts.STEPWISE_TEACHERS["pibt_swap_noise"])
-    assert np.any(undeferred != actions)
+    without = dagger.pibt_labels(pool, np.arange(4), episodes["positions"], episodes["waiting"],
+                                 **experts.STEPWISE_TEACHERS[weaker])
+    assert np.any(without != actions)
 
 
 def test_endgame_rounds_keep_only_the_stuck_agents_and_their_neighbours():

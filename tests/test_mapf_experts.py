@@ -8,6 +8,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from rlx.envs.mapf import experts, maps
+from rlx.envs.mapf.env import ROUTE_PENALTY
 
 instance_strategy = dict(seed=st.integers(0, 100_000), side=st.integers(5, 14), density=st.floats(0.0, 0.3),
                          agents=st.integers(1, 14))
@@ -27,6 +28,7 @@ def draw(seed, side, density, agents):
 ALWAYS_VALID = {"pibt": lambda grid, s, g, side: experts.pibt(grid, s, g, max_steps=3 * side),
                 "pibt_swap": lambda grid, s, g, side: experts.pibt(grid, s, g, max_steps=3 * side, swap=True),
                 "pibt_swap_defer": lambda grid, s, g, side: experts.pibt_swap_defer(grid, s, g, max_steps=3 * side),
+                "pibt_swap_route": lambda grid, s, g, side: experts.pibt_swap_route(grid, s, g, max_steps=3 * side),
                 "lacam": lambda grid, s, g, side: experts.lacam(grid, s, g, max_steps=4 * side, node_limit=300)}
 
 
@@ -128,6 +130,63 @@ def test_deferral_lets_an_agent_into_a_pocket_that_pibt_with_swap_never_enters()
     assert solution.finished.all()
     experts.check_paths(grid, solution.paths, goals, solution.finished)
     assert len(solution.paths) - 1 <= 16
+
+
+# a ring around two walls: column 0 is a corridor open at both ends
+RING = [".##..",
+        ".....",
+        ".#...",
+        ".#.#.",
+        "....#"]
+
+
+def test_routed_distances_go_round_a_resting_agent_when_that_is_shorter():
+    """On ``RING``, to (4, 0) with an agent resting on (2, 0): from (1, 1) round the ring (6, not 4 plus
+    ``ROUTE_PENALTY``); from (1, 0) 7 either way (round, or 3 + 4 through); at (3, 0), behind the resting agent,
+    straight on (1); on the resting cell itself, through it (2 + 4). The resting agent plans by its plain field."""
+    grid = maps.from_strings(RING)
+    resting = np.zeros_like(grid)
+    resting[2, 0] = True
+    plain = experts.distances_to(grid, (4, 0))
+    routed = experts.routed_distances(grid, (4, 0), plain, resting)
+    assert (plain[1, 0], plain[1, 1], plain[3, 0]) == (3, 4, 1)
+    assert ROUTE_PENALTY == 4
+    assert (routed[1, 0], routed[1, 1], routed[3, 0], routed[2, 0]) == (7, 6, 1, 6)
+    fields = experts.planning_fields(grid, [(2, 0), (4, 0)], [(2, 0), (1, 0)],
+                                     [experts.distances_to(grid, (2, 0)), plain], route=True)
+    np.testing.assert_array_equal(fields[0], experts.distances_to(grid, (2, 0)))
+    np.testing.assert_array_equal(fields[1], routed)
+
+
+def test_routing_solves_two_agents_meeting_head_on_in_a_corridor_open_at_both_ends():
+    """On ``RING`` agent 0 must pass agent 1 in column 0 to reach (2, 0), and agent 1 must pass it for (4, 0):
+    each pushes the other off its goal in turn with ``pibt_swap_defer`` (the pocket rule does not see a
+    corridor open at both ends); with ``pibt_swap_route`` one walks round and both arrive."""
+    grid = maps.from_strings(RING)
+    starts, goals = np.array([[4, 3], [1, 1]]), np.array([[2, 0], [4, 0]])
+    assert not experts.pibt_swap_defer(grid, starts, goals, 64).finished.all()
+    solution = experts.pibt_swap_route(grid, starts, goals, 64)
+    assert solution.finished.all()
+    experts.check_paths(grid, solution.paths, goals, solution.finished)
+    assert len(solution.paths) - 1 <= 12
+
+
+def test_a_pushed_agent_gives_way_rather_than_walking_ahead_of_its_pusher():
+    """Agent 0 (higher priority, goal (0, 2)) enters (0, 1), where agent 1 rests on its goal; among its equally
+    good cells (0, 2) and (1, 1), agent 1 takes (1, 1) with ``give_way``, whatever the tie-breaks; without,
+    the tie-breaks decide, and (0, 2), ahead of agent 0, comes up."""
+    grid = maps.from_strings(["...", "..."])
+    moves = experts.neighbour_table(grid)
+    fields = [experts.distances_to(grid, (0, 2)), experts.distances_to(grid, (0, 1))]
+    cost = lambda i, cell: fields[i][cell]  # noqa: E731
+    taken = {True: set(), False: set()}
+    for seed in range(16):
+        for give_way in (True, False):
+            step = experts.pibt_step(moves, [(0, 0), (0, 1)], cost, np.array([1.5, 0.5]),
+                                     np.random.default_rng(seed), give_way=give_way)
+            assert step[0] == (0, 1)
+            taken[give_way].add(step[1])
+    assert taken[True] == {(1, 1)} and (0, 2) in taken[False]
 
 
 def test_checker_catches_each_kind_of_error():

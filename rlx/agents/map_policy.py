@@ -48,6 +48,8 @@ The environment must offer (rlx's ``MapfEnv`` with ``observation="map"`` does):
   A label of -1 marks an agent's step the expert was not asked about (a costly expert labels a few
   steps of each episode; a focused round labels only the agents it is about): the loss only samples
   steps with some label and scores only the labelled agents.
+* optionally ``env.observations(state, params)``: a state's observations, as ``reset_to`` and ``step_env``
+  return them. Training then observes only the steps it samples, not every step it replays.
 * for ``augment``: ``env.move_planes``, the first channel of each group of 4 feature planes that hold
   one value per move (up, down, left, right), which a symmetry reorders (``()`` if none).
 """
@@ -311,18 +313,57 @@ def make(config: Config, env, env_params) -> Agent:
         return TrainState(params=params, opt_state=optimizer.init(params), key=key,
                           update_step=jnp.asarray(0, jnp.int32), env_steps=jnp.asarray(0, jnp.int32))
 
+    def sample_of(obs):
+        """What training keeps of one step's observations: the shared planes ``[H, W, C]``, each agent's cell
+        index ``[n]`` and whether it is active ``[n]``."""
+        me = obs[..., features].reshape(obs.shape[0], -1)
+        return obs[0, ..., :features], jnp.argmax(me, -1), jnp.max(me, -1) > 0
+
+    def replay_states(instance, key):
+        """The episode on pool entry ``instance`` (the expert's, or the ``behaviour_actions``): the
+        environment state before each step ``[T, ...]`` and the expert's action there ``[T, n]``."""
+        reset_key, key = jax.random.split(key)
+        _, env_state = env.reset_to(instance, reset_key, env_params)
+
+        def step(carry, t):
+            env_state, key = carry
+            key, step_key = jax.random.split(key)
+            _, next_state, *_ = env.step_env(step_key, env_state, behaviour[instance, t], env_params)
+            return (next_state, key), (env_state, expert[instance, t])
+
+        return jax.lax.scan(step, (env_state, key), jnp.arange(steps))[1]
+
+    observe = getattr(env, "observations", None)
+
     def replay(instance, key):
-        """The episode on pool entry ``instance`` (the expert's, or the ``behaviour_actions``): per step the
-        shared planes ``[T, H, W, C]``, each agent's cell index ``[T, n]``, whether it is active ``[T, n]``
-        and its expert action."""
+        """``replay_states``' episode as training samples: per step the shared planes ``[T, H, W, C]``, each
+        agent's cell index ``[T, n]``, whether it is active ``[T, n]`` and its expert action ``[T, n]``."""
+        states, actions = replay_states(instance, key)
+        return (*jax.vmap(lambda state: sample_of(observe(state, env_params)))(states), actions)
+
+    def sampled_steps(instances, key, picks):
+        """``(planes, cells, active, actions)`` of steps ``picks [E, S]`` of the episodes on ``instances [E]``.
+        With ``env.observations``, only the picked steps are observed (a costly observation, such as one
+        that searches the map every step, then costs S instead of T per episode)."""
+        keys = jax.random.split(key, instances.shape[0])
+        take = lambda x: jnp.take_along_axis(  # noqa: E731
+            x, picks.reshape(picks.shape + (1,) * (x.ndim - 2)), axis=1).reshape((-1,) + x.shape[2:])
+        if observe is None:
+            return tuple(map(take, jax.vmap(replay_obs)(instances, keys)))
+        states, actions = jax.vmap(replay_states)(instances, keys)
+        planes, cells, active = jax.vmap(lambda state: sample_of(observe(state, env_params)))(
+            jax.tree.map(take, states))
+        return planes, cells, active, take(actions)
+
+    def replay_obs(instance, key):
+        """``replay`` for environments without ``observations``: each step's observations as it returns them."""
         reset_key, key = jax.random.split(key)
         obs, env_state = env.reset_to(instance, reset_key, env_params)
 
         def step(carry, t):
             obs, env_state, key = carry
             key, step_key = jax.random.split(key)
-            me = obs[..., features].reshape(obs.shape[0], -1)
-            record = (obs[0, ..., :features], jnp.argmax(me, -1), jnp.max(me, -1) > 0, expert[instance, t])
+            record = (*sample_of(obs), expert[instance, t])
             obs, env_state, *_ = env.step_env(step_key, env_state, behaviour[instance, t], env_params)
             return (obs, env_state, key), record
 
@@ -354,13 +395,10 @@ def make(config: Config, env, env_params) -> Agent:
     def update(state: TrainState):
         key, pick_key, replay_key, sample_key = jax.random.split(state.key, 4)
         instances = jax.random.randint(pick_key, (config.num_envs,), 0, pool_size)
-        planes, cells, active, actions = jax.vmap(replay)(instances, jax.random.split(replay_key, config.num_envs))
         # sample labelled steps while the expert is still moving (at least the first)
         picks = jax.random.categorical(sample_key, jnp.where(worth[instances], 0.0, -jnp.inf)[:, None],
                                        shape=(config.num_envs, config.samples_per_episode))
-        take = lambda x: jnp.take_along_axis(  # noqa: E731
-            x, picks.reshape(picks.shape + (1,) * (x.ndim - 2)), axis=1).reshape((-1,) + x.shape[2:])
-        batch = (take(planes), take(cells), take(active), take(actions))
+        batch = sampled_steps(instances, replay_key, picks)
         if config.augment:
             symmetries = jax.random.randint(jax.random.fold_in(sample_key, 2), batch[1].shape[:1], 0, 8)
             turned_planes, turned_cells, turned_actions = turn(symmetries, batch[0], batch[1], batch[3])
@@ -373,7 +411,7 @@ def make(config: Config, env, env_params) -> Agent:
                               env_steps=state.env_steps + config.num_envs * steps)
         return state, {"loss": loss, "train_return": accuracy, "grad_norm": optax.global_norm(grads)}
 
-    return Agent(init=init, update=update, act=act, replay=replay, logits=logits_of)
+    return Agent(init=init, update=update, act=act, replay=replay if observe else replay_obs, logits=logits_of)
 
 
 def train(config: Config, env, env_params, key, num_updates: int | None = None):
@@ -412,9 +450,12 @@ class ToyGrid:
         cells = cells.at[positions[:, 0], positions[:, 1], 2:].set(closer)
         return jnp.concatenate([jnp.broadcast_to(cells, (n,) + cells.shape), me[..., None]], -1)
 
+    def observations(self, state, params):
+        return self.planes(*state)
+
     def reset_to(self, instance, key, params):
-        positions = params.starts[instance]
-        return self.planes(positions, params.goals[instance]), (positions, params.goals[instance])
+        state = (params.starts[instance], params.goals[instance])
+        return self.observations(state, params), state
 
     def step_env(self, key, state, actions, params):
         positions, goals = state

@@ -27,15 +27,18 @@ def make_mapf(layout: str = "random", num_agents: int = 16, obs_radius: int = 5,
     ``observation``: ``local`` windows (POGEMA's), ``local_path`` (the same plus each cell's
     shortest-path distance to the agent's goal relative to the agent's own), the whole ``map``, or
     ``map_priority`` (the whole map plus PIBT's priorities: ``MapfEnv.priority_planes``), ``map_noise``
-    (those plus the step's shared tie-break numbers: ``tie_noise``), or ``map_defer`` (the same planes, with the
-    moves and waiting of agents that keep off their goals as ``pibt_swap_defer`` sees them: ``MapfEnv.deferred``).
+    (those plus the step's shared tie-break numbers: ``tie_noise``), ``map_defer`` (the same planes, with the
+    moves and waiting of agents that keep off their goals as ``pibt_swap_defer`` sees them: ``MapfEnv.deferred``),
+    or ``map_route`` (those, with the moves of agents off their goals ranked around agents resting on theirs, as
+    ``pibt_swap_route`` ranks them: ``routed_distances``).
     ``progress_reward``: added to each agent's reward per step it moves closer to its goal (and
     taken away per step it moves farther), on top of the ``on_target`` rewards. ``expert``
     (``pibt``, ``pibt_by_index``: ties broken by agent index as ``map_priority`` shows them,
     ``pibt_swap`` and ``pibt_swap_by_index``: with PIBT's swap operation, ``pibt_swap_noise``: the latter
     choosing among equally good moves by the ``tie_noise`` numbers that ``map_noise`` shows, ``pibt_swap_defer``:
-    the latter keeping agents off goals that would shut others out of a pocket (``map_defer``), ``prioritized`` or
-    ``lacam``) solves every instance and keeps the joint
+    the latter keeping agents off goals that would shut others out of a pocket (``map_defer``), ``pibt_swap_route``:
+    the latter routing agents round resting ones and pushed agents out of their pusher's way (``map_route``),
+    ``prioritized`` or ``lacam``) solves every instance and keeps the joint
     actions in the pool, for imitation; solutions are cached on disk.
     """
     if layout not in LAYOUTS:

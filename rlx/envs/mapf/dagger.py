@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlx.envs.mapf import experts, tie_noise
-from rlx.envs.mapf.env import MapfEnv, MapfParams
+from rlx.envs.mapf.env import NOISE_OBSERVATIONS, MapfEnv, MapfParams
 
 
 def rollouts(env: MapfEnv, pool: MapfParams, act: Callable, key, instances=None) -> dict[str, np.ndarray]:
@@ -73,13 +73,15 @@ def shown_tie_noise(pool: MapfParams, instance: int, move_noise: bool = True) ->
 
 
 def pibt_labels(pool: MapfParams, instances, positions: np.ndarray, waiting: np.ndarray,
-                seed: int = 0, swap: bool = False, move_noise: bool = False, defer: bool = False) -> np.ndarray:
+                seed: int = 0, swap: bool = False, move_noise: bool = False, defer: bool = False,
+                give_way: bool = False, route: bool = False) -> np.ndarray:
     """``int8[M, T, n]``: PIBT's joint action in each visited state (``positions [M, T, n, 2]``,
     ``waiting [M, T, n]`` of pool entries ``instances``), with PIBT's priorities at that point;
     ``swap``: with PIBT's swap operation (the teacher ``pibt_swap_by_index``); ``move_noise``: ties between
     moves by the step's shared ``tie_noise`` numbers (``pibt_swap_noise``); ``defer``: agents whose goals would
     shut others out of a pocket keep off them (``experts.deferred``: ``pibt_swap_defer``; ``waiting`` then counts
-    from the last step on the goal or deferred, as ``map_defer``'s ``MapfEnv.waiting_steps`` does).
+    from the last step on the goal or deferred, as ``map_defer``'s ``MapfEnv.waiting_steps`` does); ``give_way``
+    and ``route``: pushed agents step aside, agents plan around resting ones (``pibt_swap_route``).
 
     Unused agent slots get waits. Needs the pool's ``goal_distances`` (``make_mapf`` adds them for
     map observations)."""
@@ -97,6 +99,7 @@ def pibt_labels(pool: MapfParams, instances, positions: np.ndarray, waiting: np.
         tiebreak = experts.tiebreakers(n, "index", rng)
         noise_at = shown_tie_noise(pool, m, move_noise)
         goals = all_goals[m, present, 0]
+        away, routed = None, {}
         if defer:
             pockets = np.stack([experts.goal_pocket(blocked[m], goal) for goal in goals])
             away = np.stack([experts.deferred_distances(field, pocket) for field, pocket in zip(fields, pockets)])
@@ -104,9 +107,9 @@ def pibt_labels(pool: MapfParams, instances, positions: np.ndarray, waiting: np.
             cells = positions[row, t, present]
             here = [tuple(map(int, cell)) for cell in cells]
             keep_off = experts.deferred(pockets, goals, cells) if defer else np.zeros(n, bool)
-            distance = lambda i, cell: (away if keep_off[i] else fields)[i][cell]  # noqa: E731
-            step = experts.pibt_step(moves, here, distance, waiting[row, t, present] + tiebreak, rng, swap=swap,
-                                     tie_noise_grid=noise_at(t))
+            plans = experts.planning_fields(blocked[m], goals, here, fields, away, keep_off, route, routed)
+            step = experts.pibt_step(moves, here, lambda i, cell: plans[i][cell], waiting[row, t, present] + tiebreak,
+                                     rng, swap=swap, tie_noise_grid=noise_at(t), give_way=give_way)
             labels[row, t, present] = [experts.MOVE_CODES[(r - a, c - b)] for (r, c), (a, b) in zip(step, here)]
             if all(fields[i][here[i]] == 0 for i in range(n)) and not labels[row, t].any():
                 break  # all on their goals: PIBT waits from here on (labels are already 0)
@@ -244,9 +247,9 @@ def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int =
     run = load_trained(run_dir)
     module, config = run.parts.agent_module, run.parts.grid.configs[0]
     env, pool = run.parts.env, run.parts.env_params
-    if env.observation not in ("map_priority", "map_noise", "map_defer"):
-        raise ValueError("DAgger's PIBT labels need observation=map_priority, map_noise or map_defer (their priorities "
-                         "are PIBT's)")
+    if env.observation not in ("map_priority", "map_noise", "map_defer", "map_route"):
+        raise ValueError("DAgger's PIBT labels need observation=map_priority, map_noise, map_defer or map_route (their "
+                         "priorities are PIBT's)")
     options = dict(OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml").env.options))
     teacher = options.get("expert")
     if labeller == "teacher" and teacher not in experts.STEPWISE_TEACHERS:
@@ -277,7 +280,7 @@ def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int =
         episodes = rollouts(env, base, act, rollout_key, picks)
         if labeller == "lacam":
             labels = lacam_labels(base, picks, episodes["positions"], episodes["waiting"], lacam_steps, node_limit,
-                                  seed=seed + iteration, move_noise=env.observation in ("map_noise", "map_defer"))
+                                  seed=seed + iteration, move_noise=env.observation in NOISE_OBSERVATIONS)
         else:
             labels = pibt_labels(base, picks, episodes["positions"], episodes["waiting"], seed=seed + iteration,
                                  **experts.STEPWISE_TEACHERS[teacher])

@@ -52,12 +52,15 @@ spaces = import_env_module("gymnax.environments.spaces")
 MOVES = np.array([[0, 0], [-1, 0], [1, 0], [0, -1], [0, 1]], np.int32)  # wait, up, down, left, right
 COLLISION_SYSTEMS = ("soft", "priority", "block_both")
 ON_TARGET_MODES = ("finish", "nothing", "restart")
-OBSERVATIONS = ("local", "local_path", "map", "map_priority", "map_noise", "map_defer")
-MAP_OBSERVATIONS = ("map", "map_priority", "map_noise", "map_defer")  # whole-map planes plus a "this is me" plane
+OBSERVATIONS = ("local", "local_path", "map", "map_priority", "map_noise", "map_defer", "map_route")
+# whole-map planes plus a "this is me" plane; those that also show the step's tie-break numbers
+MAP_OBSERVATIONS = ("map", "map_priority", "map_noise", "map_defer", "map_route")
+NOISE_OBSERVATIONS = ("map_noise", "map_defer", "map_route")
 MAP_CHANNELS = 8  # see MapfEnv.map_features
 MOVE_PLANES = 3  # the first of map_features' four per-move channels
 PRIORITY_CHANNELS = 2  # see MapfEnv.priority_planes ("map_priority" observations)
 POCKET_INNER, POCKET_WAY = 1, 2  # goal_pockets codes: the region a goal shuts off, the goal and its corridor
+ROUTE_PENALTY = 4  # routed_distances: steps a way through a resting agent costs beyond its length
 
 
 @struct.dataclass
@@ -122,7 +125,9 @@ class MapfEnv(MultiAgentEnv):
         # distance fields to the goals: whole-map features, path windows and the progress reward read them
         self.needs_distances = observation != "local" or self.progress_reward > 0
         # agents keep off goals that would shut others out of a pocket (the pibt_swap_defer teacher's rule)
-        self.defers = observation == "map_defer" and on_target == "nothing"
+        self.defers = observation in ("map_defer", "map_route") and on_target == "nothing"
+        # agents off their goals plan around resting ones (the pibt_swap_route teacher's rule)
+        self.routes = observation == "map_route" and on_target == "nothing"
         self.num_agents = num_agents
         self.obs_radius = obs_radius
         self.collision_system = collision_system
@@ -253,12 +258,14 @@ class MapfEnv(MultiAgentEnv):
         plane (``"map"``: ``float32[N, H, W, MAP_CHANNELS + 1]``, for centralized map-based policies;
         ``"map_priority"``: the same with ``priority_planes`` after the map's channels; ``"map_noise"``:
         then also the step's ``tie_noise_plane``; ``"map_defer"``: the channels of ``"map_noise"``, with
-        deferred agents' moves and waiting as the ``pibt_swap_defer`` teacher sees them: ``deferred``)."""
+        deferred agents' moves and waiting as the ``pibt_swap_defer`` teacher sees them: ``deferred``); ``"map_route"``:
+        the channels of ``"map_defer"``, with the moves of agents off their goals as the ``pibt_swap_route`` teacher
+        ranks them: ``routed_distances``)."""
         if self.observation in MAP_OBSERVATIONS:
             features = self.map_features(state, params)
             if self.observation != "map":
                 features = jnp.concatenate([features, self.priority_planes(state, params)], axis=-1)
-            if self.observation in ("map_noise", "map_defer"):
+            if self.observation in NOISE_OBSERVATIONS:
                 features = jnp.concatenate([features, self.tie_noise_plane(state, params)[..., None]], axis=-1)
             me = jnp.zeros((self.num_agents,) + features.shape[:2], jnp.float32).at[
                 jnp.arange(self.num_agents), state.positions[:, 0], state.positions[:, 1]].set(
@@ -276,7 +283,8 @@ class MapfEnv(MultiAgentEnv):
         Channels: obstacle; an active agent; an active agent's goal; then, for the
         agent on the cell, whether each move (up, down, left, right) lowers (-1),
         keeps (0) or raises/blocks (+1) its shortest-path distance to its goal
-        (a ``deferred`` agent's: its distance plus a penalty on its goal's pocket);
+        (a ``deferred`` agent's: its distance plus a penalty on its goal's pocket; with ``map_route``, an agent
+        off its goal's: ``routed_distances``);
         and whether it stands on its goal.
         """
         blocked = params.blocked[state.instance]
@@ -287,9 +295,15 @@ class MapfEnv(MultiAgentEnv):
         goals = jnp.zeros(blocked.shape, jnp.float32).at[state.goals[:, 0], state.goals[:, 1]].max(weight)
         far = height * width
         distances = state.distances
+        if self.routes:
+            resting = jnp.all(state.positions == state.goals, -1) & params.agent_mask[state.instance]
+            around = jnp.zeros(blocked.shape, bool).at[rows, cols].max(resting)
+            distances = jnp.where(resting[:, None, None], distances,
+                                  routed_distances(blocked, state.goals, params.sizes[state.instance], distances,
+                                                   around))
         if self.defers:
             distances = jnp.where(self.deferred(state, params)[:, None, None],
-                                  deferred_distances(distances, state.pockets), distances)
+                                  deferred_distances(state.distances, state.pockets), distances)
         padded = jnp.pad(distances, ((0, 0), (1, 1), (1, 1)), constant_values=far)
         walls = jnp.pad(blocked, 1, constant_values=True)
         index = jnp.arange(self.num_agents)
@@ -425,7 +439,8 @@ class MapfEnv(MultiAgentEnv):
     def observation_space(self, params):
         if self.observation in MAP_OBSERVATIONS:
             channels = MAP_CHANNELS + {"map": 0, "map_priority": PRIORITY_CHANNELS, "map_noise": PRIORITY_CHANNELS + 1,
-                                       "map_defer": PRIORITY_CHANNELS + 1}[self.observation]
+                                       "map_defer": PRIORITY_CHANNELS + 1,
+                                       "map_route": PRIORITY_CHANNELS + 1}[self.observation]
             return spaces.Box(-1.0, 1.0, params.blocked.shape[1:] + (channels + 1,), jnp.float32)
         window = 2 * self.obs_radius + 1
         if self.observation == "local_path":
@@ -604,6 +619,12 @@ def deferred_distances(distances, pockets) -> jax.Array:
     exit_distance = jnp.max(jnp.where(way, distances, -1), axis=(1, 2), keepdims=True) + 1
     return jnp.where(pockets == POCKET_INNER, 2 * size + distances,
                      jnp.where(way, size + exit_distance - distances, distances))
+
+
+def routed_distances(blocked, goals, size, distances, resting) -> jax.Array:
+    """``int32[N, H, W]``: what agents off their goals plan by in ``map_route``, as ``experts.routed_distances``
+    (in JAX): the distance to each goal around the ``resting`` cells, or ``distances`` plus ``ROUTE_PENALTY``."""
+    return jnp.minimum(distance_fields(blocked | resting, goals, size), distances + ROUTE_PENALTY)
 
 
 def goal_pockets(blocked, goals, size) -> jax.Array:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rlx.envs.mapf import tie_noise
-from rlx.envs.mapf.env import POCKET_INNER, POCKET_WAY  # goal_pocket's codes
+from rlx.envs.mapf.env import POCKET_INNER, POCKET_WAY, ROUTE_PENALTY  # goal_pocket's codes; routed_distances'
 
 MOVES = np.array([[0, 0], [-1, 0], [1, 0], [0, -1], [0, 1]])  # the environment's actions
 MOVE_CODES = {tuple(map(int, move)): code for code, move in enumerate(MOVES)}  # (dr, dc) -> action
@@ -172,6 +172,38 @@ def deferred_distances(distances: np.ndarray, pocket: np.ndarray) -> np.ndarray:
                     np.where(way, size + exit_distance - distances, distances))
 
 
+def routed_distances(blocked: np.ndarray, goal, distances: np.ndarray, resting: np.ndarray) -> np.ndarray:
+    """What an agent off its goal plans by under ``route``: its distance to ``goal`` around the cells where
+    other agents rest on their goals (``resting``), or through them at ``ROUTE_PENALTY`` extra steps
+    (``distances``: the plain distance to ``goal``), whichever is shorter. Two agents whose goals share a
+    corridor then no longer push each other off them in turn: one walks round instead."""
+    return np.minimum(distances_to(blocked | resting, goal), distances + ROUTE_PENALTY)
+
+
+def planning_fields(blocked: np.ndarray, goals, position, plain, away=None, keep_off=None, route: bool = False,
+                    cache: dict | None = None) -> list[np.ndarray]:
+    """Each agent's cost-to-go field for one PIBT step: ``away[i]`` while it is ``deferred`` (``keep_off``),
+    with ``route`` ``routed_distances`` while it is off its goal and someone rests, else its ``plain``
+    distance. ``cache`` (one per instance) keeps routed fields while the resting agents stay."""
+    n = len(position)
+    on_goal = [tuple(map(int, position[i])) == tuple(map(int, goals[i])) for i in range(n)]
+    resting = frozenset(tuple(map(int, position[i])) for i in range(n) if on_goal[i]) if route else frozenset()
+    cache = {} if cache is None else cache
+    fields = []
+    for i in range(n):
+        if keep_off is not None and keep_off[i]:
+            fields.append(away[i])
+        elif resting and not on_goal[i]:
+            if (i, resting) not in cache:
+                grid = np.zeros(blocked.shape, bool)
+                grid[tuple(np.array(sorted(resting)).T)] = True
+                cache[(i, resting)] = routed_distances(blocked, goals[i], plain[i], grid)
+            fields.append(cache[(i, resting)])
+        else:
+            fields.append(plain[i])
+    return fields
+
+
 # -- PIBT ----------------------------------------------------------------------------------------------
 
 
@@ -191,7 +223,8 @@ def tiebreakers(n: int, kind: str, rng) -> np.ndarray:
 
 
 def pibt_step(moves: dict, position: list[tuple], distance, priority: np.ndarray, rng,
-              constraints: tuple = (), swap: bool = False, tie_noise_grid=None) -> tuple | None:
+              constraints: tuple = (), swap: bool = False, tie_noise_grid=None,
+              give_way: bool = False) -> tuple | None:
     """One joint PIBT step: each agent's next cell, or None when no conflict-free step exists.
 
     ``moves``: ``neighbour_table``; ``distance(i, cell)``: agent i's cost-to-go;
@@ -206,6 +239,10 @@ def pibt_step(moves: dict, position: list[tuple], distance, priority: np.ndarray
 
     ``tie_noise_grid`` (``[H, W]``, ``tie_noise.noise_grid``): among equally good cells an agent prefers the one
     with the larger number, instead of a random one (``rng``).
+
+    ``give_way``: an agent pushed aside prefers, among equally good cells, one that is not further along
+    its pusher's way (a cell nearer the pusher's goal than the cell it takes over); otherwise it would walk
+    ahead of the pusher down a corridor and be pushed off its own goal there, time and again.
     """
     n = len(position)
     nxt: list[tuple | None] = [None] * n
@@ -236,9 +273,10 @@ def pibt_step(moves: dict, position: list[tuple], distance, priority: np.ndarray
         options = list(moves[position[i]])
         if tie_noise_grid is None:
             rng.shuffle(options)
-            options.sort(key=lambda cell: distance(i, cell))
-        else:
-            options.sort(key=lambda cell: (distance(i, cell), -tie_noise_grid[cell]))
+        ahead_of_pusher = (lambda cell: distance(parent, cell) < distance(parent, position[i])) \
+            if give_way and parent is not None else (lambda cell: False)
+        options.sort(key=lambda cell: (distance(i, cell), ahead_of_pusher(cell),
+                                       0 if tie_noise_grid is None else -tie_noise_grid[cell]))
         pulled = occupant.get(options[0]) if swap else None
         if pulled is not None and (pulled == i or nxt[pulled] is not None or not head_on_in_dead_end(i, pulled)):
             pulled = None
@@ -271,7 +309,8 @@ def pibt_step(moves: dict, position: list[tuple], distance, priority: np.ndarray
 
 def pibt(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps: int, seed: int = 0,
          stop_when_all_arrived: bool = True, lifelong: bool = False, tiebreak: str = "random",
-         swap: bool = False, move_noise: bool = False, defer: bool = False) -> Solution:
+         swap: bool = False, move_noise: bool = False, defer: bool = False, give_way: bool = False,
+         route: bool = False) -> Solution:
     """Priority Inheritance with Backtracking (Okumura et al., 2019), one joint step at a time.
 
     Each step, agents in priority order (those longest away from their goal
@@ -293,18 +332,22 @@ def pibt(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps: 
     ``map_noise`` observations show) instead of at random.
     ``defer``: agents whose goals would shut another agent out of a pocket keep off them until that agent
     is in (``deferred``; classical runs only).
+    ``give_way``: pushed agents step out of their pusher's way when they can (``pibt_step``).
+    ``route``: agents off their goals plan around agents resting on theirs (``routed_distances``; classical
+    runs only).
     """
-    if defer and lifelong:
-        raise ValueError("pibt: defer is for classical (one-shot) runs, not lifelong ones")
+    if (defer or route) and lifelong:
+        raise ValueError("pibt: defer and route are for classical (one-shot) runs, not lifelong ones")
     rng = np.random.default_rng(seed)
     n = len(starts)
     sequences = np.asarray(goals).reshape(n, -1, 2) if lifelong else np.asarray(goals).reshape(n, 1, 2)
     fields: dict[tuple, np.ndarray] = {}
+    routed: dict = {}  # planning_fields' cache
 
-    def distance(goal, cell):
+    def field(goal):
         if goal not in fields:
             fields[goal] = distances_to(blocked, goal)
-        return fields[goal][cell]
+        return fields[goal]
 
     moves = neighbour_table(blocked)
     index = np.zeros(n, np.int64)
@@ -323,9 +366,10 @@ def pibt(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps: 
         waiting_out = deferred(pockets, np.array(goal), np.array(position)) if defer else np.zeros(n, bool)
         priority = np.where(waiting_out, priority % 1, priority)
         noise = tie_noise.noise_grid(noise_seed, t, *blocked.shape) if move_noise else None
-        step = pibt_step(moves, position,
-                         lambda i, cell: away[i][cell] if waiting_out[i] else distance(goal[i], cell),
-                         priority, rng, swap=swap, tie_noise_grid=noise)
+        plans = planning_fields(blocked, goal, position, [field(g) for g in goal], away if defer else None,
+                                waiting_out, route, routed)
+        step = pibt_step(moves, position, lambda i, cell: plans[i][cell], priority, rng, swap=swap,
+                         tie_noise_grid=noise, give_way=give_way)
         assert step is not None, "unconstrained PIBT always finds a conflict-free step"
         position = list(step)
         paths.append(list(position))
@@ -540,14 +584,23 @@ def pibt_swap_defer(blocked, starts, goals, max_steps: int, seed: int = 0) -> So
     return pibt(blocked, starts, goals, max_steps, seed, tiebreak="index", swap=True, move_noise=True, defer=True)
 
 
+def pibt_swap_route(blocked, starts, goals, max_steps: int, seed: int = 0) -> Solution:
+    """``pibt_swap_defer`` in which agents off their goals plan around agents resting on theirs
+    (``routed_distances``) and pushed agents step out of their pusher's way (``pibt_step``'s ``give_way``):
+    far fewer livelocks in corridors open at both ends, where ``deferred`` does not reach."""
+    return pibt(blocked, starts, goals, max_steps, seed, tiebreak="index", swap=True, move_noise=True, defer=True,
+                give_way=True, route=True)
+
+
 SOLVERS = {"pibt": pibt, "pibt_by_index": pibt_by_index, "pibt_swap": pibt_swap,
            "pibt_swap_by_index": pibt_swap_by_index, "pibt_swap_noise": pibt_swap_noise,
-           "pibt_swap_defer": pibt_swap_defer,
+           "pibt_swap_defer": pibt_swap_defer, "pibt_swap_route": pibt_swap_route,
            "prioritized": prioritized_planning, "lacam": lacam}
 # the teachers whose single steps DAgger can ask for (``dagger.pibt_labels``): index tie-breaks, swap or not
 STEPWISE_TEACHERS = {"pibt_by_index": dict(swap=False), "pibt_swap_by_index": dict(swap=True),
                      "pibt_swap_noise": dict(swap=True, move_noise=True),
-                     "pibt_swap_defer": dict(swap=True, move_noise=True, defer=True)}
+                     "pibt_swap_defer": dict(swap=True, move_noise=True, defer=True),
+                     "pibt_swap_route": dict(swap=True, move_noise=True, defer=True, give_way=True, route=True)}
 
 
 def _solve(args):
