@@ -290,6 +290,8 @@ def baseline_rows(n: int, drawn: list[tuple], pool) -> dict[str, dict]:
                           ("PIBT with swap, ties by index and shown numbers", "pibt_swap_noise"),
                           ("PIBT with swap, shown numbers, deferral at goal pockets (the map policy's teacher)",
                            "pibt_swap_defer"),
+                          ("PIBT with swap, shown numbers, deferral at goal pockets, routing round resting agents "
+                           "and giving way", "pibt_swap_route"),
                           ("prioritized planning (space-time A*)", "prioritized"),
                           ("LaCAM (ours, Python, PIBT with swap, at most 20,000 configurations)", "lacam")):
         actions = evaluation.solver_actions(drawn, solver, HORIZON, n)
