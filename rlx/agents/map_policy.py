@@ -334,12 +334,13 @@ def make(config: Config, env, env_params) -> Agent:
         return jax.lax.scan(step, (env_state, key), jnp.arange(steps))[1]
 
     observe = getattr(env, "observations", None)
+    samples_of_states = jax.vmap(lambda state: sample_of(observe(state, env_params)))
 
     def replay(instance, key):
         """``replay_states``' episode as training samples: per step the shared planes ``[T, H, W, C]``, each
         agent's cell index ``[T, n]``, whether it is active ``[T, n]`` and its expert action ``[T, n]``."""
         states, actions = replay_states(instance, key)
-        return (*jax.vmap(lambda state: sample_of(observe(state, env_params)))(states), actions)
+        return (*samples_of_states(states), actions)
 
     def sampled_steps(instances, key, picks):
         """``(planes, cells, active, actions)`` of steps ``picks [E, S]`` of the episodes on ``instances [E]``.
@@ -351,8 +352,7 @@ def make(config: Config, env, env_params) -> Agent:
         if observe is None:
             return tuple(map(take, jax.vmap(replay_obs)(instances, keys)))
         states, actions = jax.vmap(replay_states)(instances, keys)
-        planes, cells, active = jax.vmap(lambda state: sample_of(observe(state, env_params)))(
-            jax.tree.map(take, states))
+        planes, cells, active = samples_of_states(jax.tree.map(take, states))
         return planes, cells, active, take(actions)
 
     def replay_obs(instance, key):

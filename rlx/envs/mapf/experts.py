@@ -189,15 +189,16 @@ def planning_fields(blocked: np.ndarray, goals, position, plain, away=None, keep
     on_goal = [tuple(map(int, position[i])) == tuple(map(int, goals[i])) for i in range(n)]
     resting = frozenset(tuple(map(int, position[i])) for i in range(n) if on_goal[i]) if route else frozenset()
     cache = {} if cache is None else cache
+    if resting:
+        occupied = np.zeros(blocked.shape, bool)
+        occupied[tuple(np.array(sorted(resting)).T)] = True
     fields = []
     for i in range(n):
         if keep_off is not None and keep_off[i]:
             fields.append(away[i])
         elif resting and not on_goal[i]:
             if (i, resting) not in cache:
-                grid = np.zeros(blocked.shape, bool)
-                grid[tuple(np.array(sorted(resting)).T)] = True
-                cache[(i, resting)] = routed_distances(blocked, goals[i], plain[i], grid)
+                cache[(i, resting)] = routed_distances(blocked, goals[i], plain[i], occupied)
             fields.append(cache[(i, resting)])
         else:
             fields.append(plain[i])
@@ -358,7 +359,7 @@ def pibt(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps: 
     noise_seed = tie_noise.instance_seed(np.asarray(starts), np.ones(n, bool)) if move_noise else None
     if defer:
         pockets = np.stack([goal_pocket(blocked, cell) for cell in goal])
-        away = [deferred_distances(distances_to(blocked, goal[i]), pockets[i]) for i in range(n)]
+        away = [deferred_distances(field(goal[i]), pockets[i]) for i in range(n)]
     for t in range(max_steps):
         if stop_when_all_arrived and not lifelong and all(position[i] == goal[i] for i in range(n)):
             break
