@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from rlx.agents import map_policy
-from rlx.envs.mapf import dagger, evaluation, experts, first_goal_distances, instances, tie_noise
+from rlx.envs.mapf import dagger, evaluation, experts, first_goal_distances, instances, make_mapf, tie_noise
 from rlx.envs.mapf.env import MAP_CHANNELS, PRIORITY_CHANNELS, MapfEnv, goal_pockets
 
 
@@ -284,3 +284,37 @@ def test_endgame_rounds_keep_only_the_stuck_agents_and_their_neighbours():
     np.testing.assert_array_equal(kept, [[[-1, -1, -1, -1], [4, 0, -1, -1]]])
     everything = dagger.endgame_only(labels, positions, goals, present, most_off=3, reach=3)
     np.testing.assert_array_equal(everything, [[[4, 3, 3, -1], [4, 0, 0, -1]]])
+
+
+def test_endgames_rest_every_agent_on_its_goal_but_pairs_placed_on_each_others_goals():
+    """``endgame_instances``: valid instances in which 1–3 pairs stand off their goals, each agent of a pair on
+    (or next to) its partner's goal, the pair's goals at most 4 steps apart, one of them in a corridor or a
+    dead end; everyone else starts on its goal."""
+    drawn = instances.endgame_instances(24, 32, seed=3)
+    assert len(drawn) >= 20
+    for index, (grid, starts, goals) in enumerate(drawn):
+        instances.check_instance(grid, starts, goals[:, None], index)
+        off = np.nonzero(np.any(starts != goals, 1))[0]
+        assert len(off) in (2, 4, 6)
+        for i in off:
+            partners = [j for j in off if j != i and np.abs(starts[j] - goals[i]).sum() <= 1]
+            assert partners, (index, i)
+            assert any(experts.distances_to(grid, goals[i])[tuple(goals[j])] <= 4 for j in partners)
+        free_neighbours = [len(experts.neighbours(grid, tuple(goals[i]))) - 1 for i in off]
+        assert min(free_neighbours) <= 2
+
+
+def test_endgame_pools_keep_only_what_the_teacher_solves():
+    """``make_mapf(layout="endgame")`` keeps the endgames whose teacher solution ends with every agent on its
+    goal: replaying the solutions' moves (conflict-free, so no collision undoes one) lands them all there."""
+    env = make_mapf(layout="endgame", num_agents=32, pool_size=12, seed=4, expert="pibt_swap_defer",
+                    observation="map_defer")
+    pool = env.default_params
+    kept = pool.blocked.shape[0]
+    assert 0 < kept <= 12
+    moves = experts.MOVES[np.asarray(pool.expert_actions)]  # [M, T, n, 2]
+    final = np.asarray(pool.starts) + moves.sum(1)
+    np.testing.assert_array_equal(final, np.asarray(pool.goals)[:, :, 0])
+    drawn = instances.endgame_instances(12, 32, seed=4)
+    solved = [experts.pibt_swap_defer(grid, starts, goals, 128).finished.all() for grid, starts, goals in drawn]
+    assert kept == sum(solved)

@@ -10,7 +10,7 @@ from rlx.envs.mapf import instances, maps
 from rlx.envs.mapf.env import MapfEnv, MapfParams, distance_fields
 from rlx.errors import ConfigError
 
-LAYOUTS = ("random", "maze", "warehouse", "file")
+LAYOUTS = ("random", "maze", "warehouse", "file", "endgame")
 
 
 def make_mapf(layout: str = "random", num_agents: int = 16, obs_radius: int = 5, collision_system: str = "soft",
@@ -22,7 +22,10 @@ def make_mapf(layout: str = "random", num_agents: int = 16, obs_radius: int = 5,
     ``layout``: ``random`` (side uniform in ``size``, obstacle density uniform in
     ``density``, as POGEMA's benchmark draws them), ``maze`` (side ``size[1]``),
     ``warehouse`` (the default layout of ``maps.warehouse_map``) or ``file`` (the
-    MovingAI ``map_file``); starts and goals are drawn on each map. Under
+    MovingAI ``map_file``); starts and goals are drawn on each map; ``endgame``: random maps whose
+    agents start on their goals but for a few pairs that must pass each other in a corridor
+    (``instances.endgame_instances``), kept only where the ``expert`` solves them (so at most
+    ``pool_size``), for DAgger's ``endgame_maps``. Under
     ``restart`` the next goals are random cells of the agent's component.
     ``observation``: ``local`` windows (POGEMA's), ``local_path`` (the same plus each cell's
     shortest-path distance to the agent's goal relative to the agent's own), the whole ``map``, or
@@ -44,8 +47,9 @@ def make_mapf(layout: str = "random", num_agents: int = 16, obs_radius: int = 5,
     if layout not in LAYOUTS:
         raise ConfigError(f"env.options.layout={layout!r}: valid: {', '.join(LAYOUTS)}")
     random_goals = on_target == "restart"
-    if layout == "random":
-        drawn = instances.random_instances(pool_size, num_agents, seed, tuple(size), tuple(density))
+    if layout in ("random", "endgame"):
+        draw = instances.random_instances if layout == "random" else instances.endgame_instances
+        drawn = draw(pool_size, num_agents, seed, tuple(size), tuple(density))
         shape = (size[1], size[1])
     else:
         rng = np.random.default_rng(seed)
@@ -57,9 +61,14 @@ def make_mapf(layout: str = "random", num_agents: int = 16, obs_radius: int = 5,
             starts, goals = maps.sample_instance(grid, num_agents, rng)
             drawn.append((grid, starts, goals))
         shape = None
-    pool = instances.from_instances(drawn, max_steps, random_goals, num_agents, shape)
+    actions = None
     if expert is not None:
-        actions = expert_actions(drawn, expert, max_steps, num_agents, seed)
+        actions, finished = expert_actions(drawn, expert, max_steps, num_agents, seed, with_finished=True)
+        if layout == "endgame":  # only the endgames the teacher untangles: its failures would teach loops
+            solved = np.nonzero(finished.all(1))[0]
+            drawn, actions = [drawn[i] for i in solved], actions[solved]
+    pool = instances.from_instances(drawn, max_steps, random_goals, num_agents, shape)
+    if actions is not None:
         pool = pool.replace(expert_actions=jnp.asarray(actions))
     env = MapfEnv(num_agents, obs_radius, collision_system, on_target, pool, observation, progress_reward)
     if env.needs_distances:  # resets then read the first goals' distance fields instead of searching
@@ -76,8 +85,10 @@ def first_goal_distances(pool: MapfParams, chunk: int = 64) -> jnp.ndarray:
     return jnp.concatenate(parts)
 
 
-def expert_actions(drawn: list[tuple], solver: str, max_steps: int, num_agents: int, seed: int) -> np.ndarray:
-    """The solver's joint actions on every instance, cached under the user cache dir by content."""
+def expert_actions(drawn: list[tuple], solver: str, max_steps: int, num_agents: int, seed: int,
+                   with_finished: bool = False):
+    """The solver's joint actions ``[M, T, N]`` on every instance, cached under the user cache dir by content;
+    ``with_finished``: also whether each agent ended on its goal ``[M, N]``."""
     import hashlib
     import os
 
@@ -94,7 +105,8 @@ def expert_actions(drawn: list[tuple], solver: str, max_steps: int, num_agents: 
         os.makedirs(cache, exist_ok=True)
         experts.save_dataset(path + ".tmp.npz", drawn, solutions, solver, max_steps)
         os.replace(path + ".tmp.npz", path)
-    return np.load(path)["actions"]
+    saved = np.load(path)
+    return (saved["actions"], saved["finished"]) if with_finished else saved["actions"]
 
 
 

@@ -207,12 +207,14 @@ def aggregate(pool: MapfParams, instances, behaviour: np.ndarray, labels: np.nda
 
 
 LABELLERS = ("teacher", "lacam")
+ENDGAME_SEED = 5000  # endgame maps: neither the training pools' (0) nor the study's test or validation maps
 
 
 def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int = 256, extra_agents: tuple = (),
            samples_per_episode: int | None = None, seed: int = 0, log: Callable = print, labeller: str = "teacher",
            lacam_steps: int = 16, node_limit: int = 2000, rollout_rounds: int = 4, rollout_agents: int | None = None,
-           endgame_repeat: int = 0, augment: bool | None = None) -> None:
+           endgame_repeat: int = 0, augment: bool | None = None, endgame_maps: int = 0,
+           endgame_agents: int = 64) -> None:
     """DAgger on a finished map-policy run (``+exp=mapf_map_policy``, seed 0): ``iterations`` rounds of
     (roll the policy out on ``rollout_maps`` training instances, label each state by PIBT, add the episodes to
     the pool, ``updates`` more imitation updates from the current parameters), then a new checkpoint in
@@ -232,6 +234,10 @@ def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int =
     endgame, for the stuck agents and their neighbours (``endgame_only``), so that those few decisions are
     drawn often; the episodes still enter once with every label, which keeps what earlier rounds taught.
     ``augment``: train on turned and mirrored samples (``map_policy``'s ``augment``; default: as the run did).
+    ``endgame_maps``: that many generated endgames on further maps (``make_mapf(layout="endgame")``: all
+    ``endgame_agents`` agents on their goals but a few pairs that must pass each other in a corridor), those
+    the teacher solves, join the pool with its solutions and as rollout starts: the deadlocks in which the
+    policy's N=64 episodes end, drawn on many maps instead of the few of a round's failed rollouts.
     """
     if labeller not in LABELLERS:
         raise ValueError(f"labeller={labeller!r}: valid: {', '.join(LABELLERS)}")
@@ -255,8 +261,13 @@ def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int =
     if labeller == "teacher" and teacher not in experts.STEPWISE_TEACHERS:
         raise ValueError(f"env.options.expert={teacher!r}: DAgger asks the run's teacher for single steps; "
                          f"valid: {', '.join(experts.STEPWISE_TEACHERS)}")
-    if extra_agents:
+    if extra_agents or endgame_maps:
         pools = [pool] + [make_mapf(**{**options, "num_agents": int(n)}).default_params for n in extra_agents]
+        if endgame_maps:
+            endgames = make_mapf(**{**options, "num_agents": endgame_agents, "layout": "endgame",
+                                    "pool_size": endgame_maps, "seed": ENDGAME_SEED}).default_params
+            log(f"[dagger] {endgames.blocked.shape[0]} of {endgame_maps} endgames solved by the teacher join the pool")
+            pools.append(endgames)
         pool = instances.merge_pools(pools)
         env = MapfEnv(pool.agent_mask.shape[1], env.obs_radius, env.collision_system, env.on_target, pool,
                       env.observation, env.progress_reward)
@@ -325,9 +336,11 @@ if __name__ == "__main__":
                         help="extra copies of each failed episode, labelled only for its stuck agents")
     parser.add_argument("--augment", action=argparse.BooleanOptionalAction, default=None,
                         help="train on turned and mirrored samples (default: as the run did)")
+    parser.add_argument("--endgame-maps", type=int, default=0,
+                        help="generated endgames (pairs to pass each other in corridors) added to the pool")
     args = parser.parse_args()
     extra = tuple(int(n) for n in args.extra_agents.split(",") if n)
     refine(args.run_dir, args.iterations, args.updates, args.rollout_maps, extra, args.samples_per_episode,
            labeller=args.labeller, lacam_steps=args.lacam_steps, node_limit=args.node_limit,
            rollout_rounds=args.rollout_rounds, rollout_agents=args.rollout_agents,
-           endgame_repeat=args.endgame_repeat, augment=args.augment)
+           endgame_repeat=args.endgame_repeat, augment=args.augment, endgame_maps=args.endgame_maps)

@@ -93,6 +93,56 @@ def random_instances(count: int, num_agents: int, seed: int = 0, size: tuple[int
     return instances
 
 
+def endgame_starts(blocked: np.ndarray, goals: np.ndarray, rng: np.random.Generator, pairs: tuple[int, int] = (1, 3),
+                   reach: int = 4) -> np.ndarray:
+    """Starts ``int[n, 2]`` for an endgame of ``goals``: every agent on its goal except 1–3 (``pairs``) pairs of
+    agents that each start on (or, half the time, next to) the other's goal, at most ``reach`` steps apart, with
+    at least one of the two goals in a corridor or a dead end (at most two free neighbours).
+
+    This is how the map policy's N=64 episodes end when they fail: two agents that must pass each other
+    where there is no room, while everyone else rests on their goals. Pairs that no teacher can untangle
+    come out too; ``make_mapf(layout="endgame")`` keeps only the instances its teacher solves."""
+    from rlx.envs.mapf import experts
+
+    starts, n = goals.copy(), len(goals)
+    free = ~blocked
+    padded = np.pad(free, 1)
+    degree = padded[:-2, 1:-1].astype(int) + padded[2:, 1:-1] + padded[1:-1, :-2] + padded[1:-1, 2:]
+    narrow = [i for i in rng.permutation(n) if degree[tuple(goals[i])] <= 2]
+    taken, wanted = set(), int(rng.integers(pairs[0], pairs[1] + 1))
+    for i in narrow:
+        if wanted == 0:
+            break
+        if i in taken:
+            continue
+        field = experts.distances_to(blocked, goals[i])
+        partners = [j for j in range(n) if j != i and j not in taken and 1 <= field[tuple(goals[j])] <= reach]
+        if not partners:
+            continue
+        j = int(rng.choice(partners))
+        starts[i], starts[j] = goals[j], goals[i]
+        taken |= {i, j}
+        wanted -= 1
+        occupied = {tuple(cell) for cell in starts.tolist()}
+        aside = [cell for cell in experts.neighbours(blocked, tuple(starts[i])) if cell not in occupied]
+        if aside and rng.random() < 0.5:
+            starts[i] = aside[int(rng.integers(len(aside)))]
+    return starts
+
+
+def endgame_instances(count: int, num_agents: int, seed: int = 0, size: tuple[int, int] = (17, 21),
+                      density: tuple[float, float] = (0.1, 0.3)) -> list[tuple]:
+    """``random_instances`` whose starts are rearranged by ``endgame_starts``; maps with no pair to place
+    are skipped, so ``count`` is an upper bound."""
+    rng = np.random.default_rng(seed + 1)
+    out = []
+    for grid, starts, goals in random_instances(count, num_agents, seed, size, density):
+        endgame = endgame_starts(grid, goals, rng)
+        if np.any(endgame != goals):
+            out.append((grid, endgame.astype(np.int32), goals))
+    return out
+
+
 def lifelong_instances(count: int, num_agents: int, goals_per_agent: int, seed: int = 0,
                        size: tuple[int, int] = (17, 21), density: tuple[float, float] = (0.1, 0.3)) -> list[tuple]:
     """``random_instances`` with goal sequences ``[n, goals_per_agent, 2]`` for lifelong (``restart``) runs.
