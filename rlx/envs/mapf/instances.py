@@ -96,7 +96,7 @@ def random_instances(count: int, num_agents: int, seed: int = 0, size: tuple[int
 def endgame_starts(blocked: np.ndarray, goals: np.ndarray, rng: np.random.Generator, pairs: tuple[int, int] = (1, 3),
                    reach: int = 4) -> np.ndarray:
     """Starts ``int[n, 2]`` for an endgame of ``goals``: every agent on its goal except 1–3 (``pairs``) pairs of
-    agents that each start on (or, half the time, next to) the other's goal, at most ``reach`` steps apart, with
+    agents that start on each other's goals (half the time one of the two next to it instead), at most ``reach`` steps apart, with
     at least one of the two goals in a corridor or a dead end (at most two free neighbours).
 
     This is how the map policy's N=64 episodes end when they fail: two agents that must pass each other
