@@ -105,10 +105,7 @@ def endgame_starts(blocked: np.ndarray, goals: np.ndarray, rng: np.random.Genera
     from rlx.envs.mapf import experts
 
     starts, n = goals.copy(), len(goals)
-    free = ~blocked
-    padded = np.pad(free, 1)
-    degree = padded[:-2, 1:-1].astype(int) + padded[2:, 1:-1] + padded[1:-1, :-2] + padded[1:-1, 2:]
-    narrow = [i for i in rng.permutation(n) if degree[tuple(goals[i])] <= 2]
+    narrow = [i for i in rng.permutation(n) if len(experts.neighbours(blocked, tuple(goals[i]))) <= 3]  # itself + 2
     taken, wanted = set(), int(rng.integers(pairs[0], pairs[1] + 1))
     for i in narrow:
         if wanted == 0:
