@@ -271,6 +271,45 @@ def test_teacher_is_a_function_of_its_observation(teacher, observation, weaker):
     assert np.any(without != actions)
 
 
+def test_rank_planes_compare_neighbours_by_the_teachers_priorities():
+    """Along ``pibt_swap_defer``'s paths on crowded maps, ``map_rank``'s per-move planes say, on each agent's
+    cell, whether the neighbour that way plans before it (+1) or after it (-1) in the teacher's own priority
+    order (``experts.raise_priorities`` with deferred agents at the bottom, index tie-breaks), and 0 where no
+    agent stands; the other channels are ``map_defer``'s."""
+    n, horizon = 24, 40
+    drawn = instances.random_instances(3, n, seed=12, size=(9, 11), density=(0.25, 0.3))
+    pool = instances.from_instances(drawn, horizon, num_agents=n, shape=(11, 11))
+    pool = pool.replace(goal_distances=first_goal_distances(pool))
+    solutions = [experts.SOLVERS["pibt_swap_defer"](g, s, goals, horizon) for g, s, goals in drawn]
+    actions = experts.joint_actions(solutions, horizon, n)
+    env = MapfEnv(n, 2, "soft", "nothing", pool, observation="map_rank")
+    defer_env = MapfEnv(n, 2, "soft", "nothing", pool, observation="map_defer")
+    rank = MAP_CHANNELS + PRIORITY_CHANNELS + 1
+    assert env.observation_space(pool).shape == (11, 11, rank + 4 + 1)
+    assert env.move_planes == (3, rank)
+    seen = {1: 0, -1: 0}
+    for m, ((grid, _, goals), solution) in enumerate(zip(drawn, solutions)):
+        pockets = np.stack([experts.goal_pocket(grid, goal) for goal in goals])
+        priority = experts.tiebreakers(n, "index", None)
+        obs, state = env.reset_to(m, jax.random.PRNGKey(0), pool)
+        for t in range(len(solution.actions)):
+            here = np.asarray(state.positions)
+            priority = experts.raise_priorities(priority, here, goals)
+            priority = np.where(experts.deferred(pockets, goals, here), priority % 1, priority)
+            occupant = {tuple(cell): i for i, cell in enumerate(here)}
+            for i, (r, c) in enumerate(here):
+                for k, (dr, dc) in enumerate(experts.MOVES[1:]):
+                    j = occupant.get((r + dr, c + dc))
+                    expected = 0 if j is None else (1 if priority[j] > priority[i] else -1)
+                    assert obs[0, r, c, rank + k] == expected, (m, t, i, k)
+                    seen[expected] = seen.get(expected, 0) + 1
+            defer_obs = defer_env.observations(state, pool)
+            np.testing.assert_array_equal(np.asarray(obs[..., :rank]), np.asarray(defer_obs[..., :rank]))
+            np.testing.assert_array_equal(np.asarray(obs[..., -1]), np.asarray(defer_obs[..., -1]))
+            obs, state, *_ = env.step_env(jax.random.PRNGKey(t), state, jnp.asarray(actions[m, t]), pool)
+    assert seen[1] == seen[-1] >= 100  # every adjacent pair counted once each way, and there were many
+
+
 def test_endgame_rounds_keep_only_the_stuck_agents_and_their_neighbours():
     """Hand-built: at step 0 three agents stand off their goals (more than ``most_off=2``: nothing kept); at
     step 1 only agent 0 does, and its label is kept with that of agent 1, two cells away; agent 2, three

@@ -282,12 +282,13 @@ def test_mappo_with_the_path_channel_solves_small_unseen_instances(optimised):
     assert learned["csr"].mean() >= 0.8 and random["csr"].mean() <= 0.1
 
 
+@pytest.mark.parametrize("observation", ["map_defer", "map_rank"])
 @pytest.mark.parametrize("symmetry", range(8))
-def test_map_planes_turn_with_the_map(symmetry):
+def test_map_planes_turn_with_the_map(symmetry, observation):
     """``map_policy``'s ``augment`` trains on turned and mirrored samples: the planes of a turned instance
     must be the turned planes of the original (``transform_sample`` with the env's ``move_planes``), at the
     start and after the same (turned) random joint moves, for every ``map_defer`` channel but the tie-break
-    numbers (drawn per cell position, which a turn does not keep)."""
+    numbers (drawn per cell position, which a turn does not keep), and ``map_rank``'s per-move comparisons."""
     rng = np.random.default_rng(5)
     size, n = 9, 6
     grid = maps.random_map(size, 0.2, rng)
@@ -296,7 +297,7 @@ def test_map_planes_turn_with_the_map(symmetry):
     turned_grid = np.zeros_like(grid)
     turned_grid[tuple(turn(np.argwhere(np.ones_like(grid))).T)] = grid.ravel()
     pool = instances.from_instances([(grid, starts, goals), (turned_grid, turn(starts), turn(goals))], 32, num_agents=n)
-    env = MapfEnv(n, 5, "soft", "nothing", pool, observation="map_defer")
+    env = MapfEnv(n, 5, "soft", "nothing", pool, observation=observation)
     permutation = np.asarray(mp.action_permutation(symmetry))
     noise = MAP_CHANNELS + PRIORITY_CHANNELS
     key = jax.random.PRNGKey(0)

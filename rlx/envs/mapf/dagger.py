@@ -253,8 +253,9 @@ def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int =
     run = load_trained(run_dir)
     module, config = run.parts.agent_module, run.parts.grid.configs[0]
     env, pool = run.parts.env, run.parts.env_params
-    if env.observation not in ("map_priority", "map_noise", "map_defer", "map_route"):
-        raise ValueError("DAgger's PIBT labels need observation=map_priority, map_noise, map_defer or map_route (their "
+    if env.observation not in ("map_priority", "map_noise", "map_defer", "map_route", "map_rank"):
+        raise ValueError("DAgger's PIBT labels need observation=map_priority, map_noise, map_defer, map_route or "
+                         "map_rank (their "
                          "priorities are PIBT's)")
     options = dict(OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml").env.options))
     teacher = options.get("expert")

@@ -52,13 +52,14 @@ spaces = import_env_module("gymnax.environments.spaces")
 MOVES = np.array([[0, 0], [-1, 0], [1, 0], [0, -1], [0, 1]], np.int32)  # wait, up, down, left, right
 COLLISION_SYSTEMS = ("soft", "priority", "block_both")
 ON_TARGET_MODES = ("finish", "nothing", "restart")
-OBSERVATIONS = ("local", "local_path", "map", "map_priority", "map_noise", "map_defer", "map_route")
+OBSERVATIONS = ("local", "local_path", "map", "map_priority", "map_noise", "map_defer", "map_route", "map_rank")
 # whole-map planes plus a "this is me" plane; those that also show the step's tie-break numbers
-MAP_OBSERVATIONS = ("map", "map_priority", "map_noise", "map_defer", "map_route")
-NOISE_OBSERVATIONS = ("map_noise", "map_defer", "map_route")
+MAP_OBSERVATIONS = ("map", "map_priority", "map_noise", "map_defer", "map_route", "map_rank")
+NOISE_OBSERVATIONS = ("map_noise", "map_defer", "map_route", "map_rank")
 MAP_CHANNELS = 8  # see MapfEnv.map_features
 MOVE_PLANES = 3  # the first of map_features' four per-move channels
 PRIORITY_CHANNELS = 2  # see MapfEnv.priority_planes ("map_priority" observations)
+RANK_CHANNELS = 4  # see MapfEnv.rank_planes ("map_rank" observations): one per move, up, down, left, right
 POCKET_INNER, POCKET_WAY = 1, 2  # goal_pockets codes: the region a goal shuts off, the goal and its corridor
 ROUTE_PENALTY = 4  # routed_distances: steps a way through a resting agent costs beyond its length
 
@@ -125,7 +126,7 @@ class MapfEnv(MultiAgentEnv):
         # distance fields to the goals: whole-map features, path windows and the progress reward read them
         self.needs_distances = observation != "local" or self.progress_reward > 0
         # agents keep off goals that would shut others out of a pocket (the pibt_swap_defer teacher's rule)
-        self.defers = observation in ("map_defer", "map_route") and on_target == "nothing"
+        self.defers = observation in ("map_defer", "map_route", "map_rank") and on_target == "nothing"
         # agents off their goals plan around resting ones (the pibt_swap_route teacher's rule)
         self.routes = observation == "map_route" and on_target == "nothing"
         self.num_agents = num_agents
@@ -138,6 +139,8 @@ class MapfEnv(MultiAgentEnv):
     def move_planes(self) -> tuple[int, ...]:
         """Where whole-map observations hold one plane per move (up, down, left, right: ``map_features``'
         distance changes), for policies that train on turned or mirrored maps (``map_policy``'s ``augment``)."""
+        if self.observation == "map_rank":
+            return MOVE_PLANES, MAP_CHANNELS + PRIORITY_CHANNELS + 1
         return (MOVE_PLANES,) if self.observation in MAP_OBSERVATIONS else ()
 
     @property
@@ -260,13 +263,15 @@ class MapfEnv(MultiAgentEnv):
         then also the step's ``tie_noise_plane``; ``"map_defer"``: the channels of ``"map_noise"``, with
         deferred agents' moves and waiting as the ``pibt_swap_defer`` teacher sees them: ``deferred``); ``"map_route"``:
         the channels of ``"map_defer"``, with the moves of agents off their goals as the ``pibt_swap_route`` teacher
-        ranks them: ``routed_distances``)."""
+        ranks them: ``routed_distances``); ``"map_rank"``: the channels of ``"map_defer"``, then ``rank_planes``)."""
         if self.observation in MAP_OBSERVATIONS:
             features = self.map_features(state, params)
             if self.observation != "map":
                 features = jnp.concatenate([features, self.priority_planes(state, params)], axis=-1)
             if self.observation in NOISE_OBSERVATIONS:
                 features = jnp.concatenate([features, self.tie_noise_plane(state, params)[..., None]], axis=-1)
+            if self.observation == "map_rank":
+                features = jnp.concatenate([features, self.rank_planes(state, params)], axis=-1)
             me = jnp.zeros((self.num_agents,) + features.shape[:2], jnp.float32).at[
                 jnp.arange(self.num_agents), state.positions[:, 0], state.positions[:, 1]].set(
                 state.active.astype(jnp.float32))
@@ -350,13 +355,39 @@ class MapfEnv(MultiAgentEnv):
           so that instances with fewer agents than slots look as they would on their own).
         """
         blocked = params.blocked[state.instance]
-        count = jnp.maximum(jnp.sum(params.agent_mask[state.instance]), 1)
         weight = state.active.astype(jnp.float32)
         waiting = jnp.minimum(self.waiting_steps(state) / params.max_steps_in_episode, 1.0)
-        tiebreak = (count - 1 - jnp.arange(self.num_agents)) / count
-        per_agent = jnp.stack([waiting, tiebreak], -1).astype(jnp.float32) * weight[:, None]
+        per_agent = jnp.stack([waiting, self.tiebreakers(state, params)], -1).astype(jnp.float32) * weight[:, None]
         rows, cols = state.positions[:, 0], state.positions[:, 1]
         return jnp.zeros(blocked.shape + (PRIORITY_CHANNELS,), jnp.float32).at[rows, cols].add(per_agent)
+
+    def tiebreakers(self, state: MapfState, params: MapfParams) -> jax.Array:
+        """``float32[N]``: PIBT's index tie-breaker ``(n - 1 - i) / n`` of agent ``i``, ``n`` the instance's agents."""
+        count = jnp.maximum(jnp.sum(params.agent_mask[state.instance]), 1)
+        return ((count - 1 - jnp.arange(self.num_agents)) / count).astype(jnp.float32)
+
+    def priorities(self, state: MapfState, params: MapfParams) -> jax.Array:
+        """``float32[N]``: PIBT's priority of each agent for its next step, the waiting steps plus the
+        tie-breaker, which ``priority_planes`` show apart (``experts.pibt``'s ``priority``); -1 for inactive slots."""
+        return jnp.where(state.active, self.waiting_steps(state) + self.tiebreakers(state, params), -1.0)
+
+    def rank_planes(self, state: MapfState, params: MapfParams) -> jax.Array:
+        """``float32[H, W, RANK_CHANNELS]``: on each active agent's cell, per move (up, down, left, right),
+        +1 where the neighbouring cell holds an agent that PIBT lets plan first (a higher ``priorities``),
+        -1 where it holds one that plans after, 0 where it holds none.
+
+        ``priority_planes`` show the same order as two numbers per agent, but neighbours' waiting steps
+        often differ by one step in 128, and who pushes whom (PIBT's priority inheritance) turns on
+        exactly that comparison; these planes state it outright."""
+        blocked = params.blocked[state.instance]
+        priority = self.priorities(state, params)
+        rows, cols = state.positions[:, 0], state.positions[:, 1]
+        grid = jnp.full(blocked.shape, -1.0, jnp.float32).at[rows, cols].max(priority)
+        padded = jnp.pad(grid, 1, constant_values=-1.0)
+        neighbours = jnp.stack([padded[rows + 1 + dr, cols + 1 + dc] for dr, dc in MOVES[1:]], -1)
+        signs = jnp.where(neighbours < 0, 0.0, jnp.where(neighbours > priority[:, None], 1.0, -1.0))
+        per_agent = signs * state.active.astype(jnp.float32)[:, None]
+        return jnp.zeros(blocked.shape + (RANK_CHANNELS,), jnp.float32).at[rows, cols].add(per_agent)
 
     def tie_noise_plane(self, state: MapfState, params: MapfParams) -> jax.Array:
         """``float32[H, W]``: this step's shared tie-break numbers (``tie_noise``), by which the
@@ -440,7 +471,8 @@ class MapfEnv(MultiAgentEnv):
         if self.observation in MAP_OBSERVATIONS:
             channels = MAP_CHANNELS + {"map": 0, "map_priority": PRIORITY_CHANNELS, "map_noise": PRIORITY_CHANNELS + 1,
                                        "map_defer": PRIORITY_CHANNELS + 1,
-                                       "map_route": PRIORITY_CHANNELS + 1}[self.observation]
+                                       "map_route": PRIORITY_CHANNELS + 1,
+                                       "map_rank": PRIORITY_CHANNELS + 1 + RANK_CHANNELS}[self.observation]
             return spaces.Box(-1.0, 1.0, params.blocked.shape[1:] + (channels + 1,), jnp.float32)
         window = 2 * self.obs_radius + 1
         if self.observation == "local_path":
