@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlx.envs.mapf import experts, tie_noise
-from rlx.envs.mapf.env import NOISE_OBSERVATIONS, MapfEnv, MapfParams
+from rlx.envs.mapf.env import NOISE_OBSERVATIONS, PRIORITY_OBSERVATIONS, MapfEnv, MapfParams
 
 
 def rollouts(env: MapfEnv, pool: MapfParams, act: Callable, key, instances=None) -> dict[str, np.ndarray]:
@@ -253,9 +253,8 @@ def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int =
     run = load_trained(run_dir)
     module, config = run.parts.agent_module, run.parts.grid.configs[0]
     env, pool = run.parts.env, run.parts.env_params
-    if env.observation not in ("map_priority", "map_noise", "map_defer", "map_route", "map_rank"):
-        raise ValueError("DAgger's PIBT labels need observation=map_priority, map_noise, map_defer, map_route or "
-                         "map_rank (their "
+    if env.observation not in PRIORITY_OBSERVATIONS:
+        raise ValueError(f"DAgger's PIBT labels need observation={' | '.join(PRIORITY_OBSERVATIONS)} (their "
                          "priorities are PIBT's)")
     options = dict(OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml").env.options))
     teacher = options.get("expert")

@@ -56,10 +56,14 @@ OBSERVATIONS = ("local", "local_path", "map", "map_priority", "map_noise", "map_
 # whole-map planes plus a "this is me" plane; those that also show the step's tie-break numbers
 MAP_OBSERVATIONS = ("map", "map_priority", "map_noise", "map_defer", "map_route", "map_rank")
 NOISE_OBSERVATIONS = ("map_noise", "map_defer", "map_route", "map_rank")
+# those that show PIBT's priorities (priority_planes), and those whose agents defer at goal pockets (deferred)
+PRIORITY_OBSERVATIONS = ("map_priority",) + NOISE_OBSERVATIONS
+DEFER_OBSERVATIONS = ("map_defer", "map_route", "map_rank")
 MAP_CHANNELS = 8  # see MapfEnv.map_features
 MOVE_PLANES = 3  # the first of map_features' four per-move channels
 PRIORITY_CHANNELS = 2  # see MapfEnv.priority_planes ("map_priority" observations)
 RANK_CHANNELS = 4  # see MapfEnv.rank_planes ("map_rank" observations): one per move, up, down, left, right
+RANK_PLANES = MAP_CHANNELS + PRIORITY_CHANNELS + 1  # where they start: after the map's, priority and noise planes
 POCKET_INNER, POCKET_WAY = 1, 2  # goal_pockets codes: the region a goal shuts off, the goal and its corridor
 ROUTE_PENALTY = 4  # routed_distances: steps a way through a resting agent costs beyond its length
 
@@ -126,7 +130,7 @@ class MapfEnv(MultiAgentEnv):
         # distance fields to the goals: whole-map features, path windows and the progress reward read them
         self.needs_distances = observation != "local" or self.progress_reward > 0
         # agents keep off goals that would shut others out of a pocket (the pibt_swap_defer teacher's rule)
-        self.defers = observation in ("map_defer", "map_route", "map_rank") and on_target == "nothing"
+        self.defers = observation in DEFER_OBSERVATIONS and on_target == "nothing"
         # agents off their goals plan around resting ones (the pibt_swap_route teacher's rule)
         self.routes = observation == "map_route" and on_target == "nothing"
         self.num_agents = num_agents
@@ -140,7 +144,7 @@ class MapfEnv(MultiAgentEnv):
         """Where whole-map observations hold one plane per move (up, down, left, right: ``map_features``'
         distance changes), for policies that train on turned or mirrored maps (``map_policy``'s ``augment``)."""
         if self.observation == "map_rank":
-            return MOVE_PLANES, MAP_CHANNELS + PRIORITY_CHANNELS + 1
+            return MOVE_PLANES, RANK_PLANES
         return (MOVE_PLANES,) if self.observation in MAP_OBSERVATIONS else ()
 
     @property
@@ -266,7 +270,7 @@ class MapfEnv(MultiAgentEnv):
         ranks them: ``routed_distances``); ``"map_rank"``: the channels of ``"map_defer"``, then ``rank_planes``)."""
         if self.observation in MAP_OBSERVATIONS:
             features = self.map_features(state, params)
-            if self.observation != "map":
+            if self.observation in PRIORITY_OBSERVATIONS:
                 features = jnp.concatenate([features, self.priority_planes(state, params)], axis=-1)
             if self.observation in NOISE_OBSERVATIONS:
                 features = jnp.concatenate([features, self.tie_noise_plane(state, params)[..., None]], axis=-1)
@@ -469,10 +473,8 @@ class MapfEnv(MultiAgentEnv):
 
     def observation_space(self, params):
         if self.observation in MAP_OBSERVATIONS:
-            channels = MAP_CHANNELS + {"map": 0, "map_priority": PRIORITY_CHANNELS, "map_noise": PRIORITY_CHANNELS + 1,
-                                       "map_defer": PRIORITY_CHANNELS + 1,
-                                       "map_route": PRIORITY_CHANNELS + 1,
-                                       "map_rank": PRIORITY_CHANNELS + 1 + RANK_CHANNELS}[self.observation]
+            channels = (MAP_CHANNELS + PRIORITY_CHANNELS * (self.observation in PRIORITY_OBSERVATIONS)
+                        + (self.observation in NOISE_OBSERVATIONS) + RANK_CHANNELS * (self.observation == "map_rank"))
             return spaces.Box(-1.0, 1.0, params.blocked.shape[1:] + (channels + 1,), jnp.float32)
         window = 2 * self.obs_radius + 1
         if self.observation == "local_path":
