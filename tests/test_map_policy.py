@@ -190,3 +190,65 @@ def test_augment_needs_the_envs_move_planes():
     config = mp.Config(total_timesteps=16, num_envs=4, num_steps=1, samples_per_episode=1, channels=(4,), augment=True)
     with pytest.raises(ValueError, match="move_planes"):
         mp.make(config, mp.ToyGrid(num_agents=2), params)  # its closer-planes are per move, and it does not say so
+
+
+def test_decode_reports_the_round_in_which_each_agent_chose():
+    """Each round commits the most confident share of the undecided agents (all by the last); ``decode``
+    returns ``act``'s actions and each agent's round: round k holds ceil(n (k + 1) / K) - ceil(n k / K) agents."""
+    env = mp.ToyGrid(size=6, num_agents=5)
+    params = env.pool(jax.random.PRNGKey(0), 4, 6)
+    config = mp.Config(total_timesteps=8 * 6, num_envs=8, num_steps=6, samples_per_episode=2, channels=(8,),
+                       decode_rounds=3)
+    agent = mp.make(config, env, params)
+    policy = agent.init(jax.random.PRNGKey(1)).policy
+    obs, _ = env.reset_to(0, None, params)
+    for seed in range(4):
+        key = jax.random.PRNGKey(seed)
+        actions, rounds = agent.decode(policy, obs, key)
+        np.testing.assert_array_equal(actions, agent.act(policy, obs, key))
+        np.testing.assert_array_equal(np.bincount(np.asarray(rounds), minlength=3), [2, 2, 1])
+
+
+def test_recorded_commitments_replace_the_random_ones_only_where_a_sample_has_them():
+    batch = (None, None, jnp.array([[True, True, True], [True, True, False]]), jnp.array([[1, 2, 3], [4, 0, 2]]))
+    random_commits = jnp.array([[False, True, False], [True, False, False]])
+    fixed = jnp.array([[-1, -1, -1], [-1, 3, 1]])  # sample 1 recorded agents 1 and 2 (2 is inactive)
+    (_, _, _, actions), committed = mp.with_recorded_commits(batch, random_commits, fixed)
+    np.testing.assert_array_equal(committed, [[False, True, False], [False, True, False]])
+    np.testing.assert_array_equal(actions, [[1, 2, 3], [4, 3, 1]])  # committed agents show what they chose
+
+
+@struct.dataclass
+class RecordedPool:
+    starts: jax.Array
+    goals: jax.Array
+    expert_actions: jax.Array  # [M, T, n]
+    committed_actions: jax.Array  # [M, T, n], -1: not committed
+
+
+def test_policy_learns_to_answer_commitments_its_expert_never_makes():
+    """The expert moves one of two agents right. Half the entries record agent 0 committed to "up", a move the
+    expert never makes (its own label there: none), and label agent 1 "down". Trained with the records, the
+    policy answers agent 0's "up" with "down" and its "right" with a wait; with the same labels but no records
+    agent 0 is never committed in those entries, and "down" is not tied to its "up"."""
+    env = mp.ToyGrid(num_agents=2)
+    count = 256
+    plain = coin_flip_pool(count, jax.random.PRNGKey(0))
+    recorded = jnp.arange(count)[:, None, None] % 2 == 1
+    expert = jnp.where(recorded, jnp.array([-1, 2]), plain.expert_actions)
+    committed = jnp.where(recorded, jnp.array([1, -1]), -1)
+    config = mp.Config(total_timesteps=64 * 300, num_envs=64, num_steps=1, samples_per_episode=1,
+                       channels=(32, 32, 32), lr=3e-3, decode_rounds=2)
+    obs, _ = env.reset_to(0, None, plain)
+    planes, me = obs[0, ..., :-1], obs[..., -1]
+    network = mp.FullyConvolutional(config.channels)
+    down = {}
+    for name, params in (("recorded", RecordedPool(plain.starts, plain.goals, expert, committed)),
+                         ("unrecorded", mp.ToyParams(plain.starts, plain.goals, expert))):
+        state, _ = jax.jit(lambda k, p=params: mp.train(config, env, p, k))(jax.random.PRNGKey(1))
+        for first in (1, 4):
+            fixed = mp.committed_planes(me, jnp.array([True, False]), jnp.array([first, 0]))
+            logits = mp.agent_logits(network.apply(state.params, jnp.concatenate([planes, fixed], -1)), me)
+            down[name, first] = float(jax.nn.softmax(logits[1])[2])
+    assert down["recorded", 1] > 0.95 and down["recorded", 4] < 0.05
+    assert down["unrecorded", 1] < 0.8  # about the share of entries labelled "down" (0.5): a guess, not an answer

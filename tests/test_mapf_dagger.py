@@ -68,6 +68,54 @@ def test_dagger_labels_are_conflict_free_pibt_steps_and_replay_reaches_the_learn
     assert np.isfinite(metrics["loss"])
 
 
+def test_earlier_commitments_are_the_agents_decided_before_one_round_on_a_share_of_the_steps():
+    rng = np.random.default_rng(0)
+    actions = rng.integers(0, 5, (4, 50, 6)).astype(np.int8)
+    decided = rng.integers(0, 4, actions.shape)
+    decided[0, :, 5] = -1  # an agent without a cell never counts as committed
+    committed = dagger.earlier_commitments(actions, decided, 4, 0.5, rng)
+    some = np.any(committed >= 0, -1)
+    assert 0.4 < some.mean() < 0.6
+    for m, t in zip(*np.nonzero(some)):
+        before = [(decided[m, t] >= 0) & (decided[m, t] < cut) for cut in (1, 2, 3)]
+        assert any(np.array_equal(committed[m, t] >= 0, agents) for agents in before), (m, t)
+        np.testing.assert_array_equal(committed[m, t][committed[m, t] >= 0], actions[m, t][committed[m, t] >= 0])
+    assert not np.any(committed[0, :, 5] >= 0)
+
+
+def test_labels_answer_the_learners_commitments_or_drop_them_when_they_conflict():
+    """With some agents' moves fixed (here: random moves, as a poor learner commits them), PIBT's labels keep
+    those moves (a move into a wall: a wait) and plan the others around them, conflict-free; a step whose
+    commitments collide among themselves gets the plain label and loses its commitments."""
+    drawn, _, pool = small_pool()
+    env = MapfEnv(10, 2, "soft", "nothing", pool, observation="map_priority")
+    episodes = dagger.rollouts(env, pool, evaluation.random_actions(10), jax.random.PRNGKey(0))
+    rng = np.random.default_rng(1)
+    decided = rng.integers(0, 4, episodes["actions"].shape)
+    committed = dagger.earlier_commitments(episodes["actions"], decided, 4, 1.0, rng)
+    labels, answered = dagger.answered_commitments(pool, np.arange(3), episodes["positions"], episodes["waiting"],
+                                                   committed, swap=True)
+    kept = dropped = 0
+    for m, (grid, _, goals) in enumerate(drawn):
+        moves = experts.neighbour_table(grid)
+        for t in range(40):
+            here = episodes["positions"][m, t]
+            experts.check_paths(grid, np.stack([here, here + experts.MOVES[labels[m, t]]]), goals)
+            fixed = dict(dagger.committed_cells(moves, [tuple(cell) for cell in here], committed[m, t]))
+            targets = list(fixed.values())
+            clash = len(set(targets)) < len(targets) or any(
+                fixed.get(j) == tuple(here[i]) and fixed[i] == tuple(here[j]) for i in fixed for j in fixed if i != j)
+            if np.all(answered[m, t] == -1):
+                dropped += bool(fixed)
+                continue
+            assert not clash, (m, t)
+            np.testing.assert_array_equal(answered[m, t], committed[m, t])
+            kept += 1
+            for i, cell in fixed.items():
+                assert tuple(here[i] + experts.MOVES[labels[m, t, i]]) == cell, (m, t, i)
+    assert kept >= 20 and dropped >= 5, (kept, dropped)
+
+
 def test_lacam_labels_a_few_states_per_episode_with_conflict_free_moves_and_marks_the_rest_unasked():
     drawn, _, pool = small_pool()
     env = MapfEnv(10, 2, "soft", "nothing", pool, observation="map_priority")
@@ -113,7 +161,7 @@ def test_reproduce_refines_a_copy_of_the_map_policy_run_once_and_keeps_both(run_
     study.refine_copy(source, target, rounds)  # the same schedule on the same run: kept as it is
     assert (target / "dagger.json").stat().st_mtime_ns == stamp
 
-    longer = rounds + ((1, dict(rollout_maps=2, updates=3, endgame_repeat=2)),)
+    longer = rounds + ((1, dict(rollout_maps=2, updates=3, endgame_repeat=2, commitments=0.5)),)
     study.refine_copy(source, target, longer)  # a longer schedule goes on from the finished first round
     assert load_raw(target)[1]["updates_done"] == progress["updates_done"] + 2 + 3
     assert json.loads((target / "dagger.json").read_text())["rounds"] == [[count, options] for count, options in longer]

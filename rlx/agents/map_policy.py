@@ -48,6 +48,11 @@ The environment must offer (rlx's ``MapfEnv`` with ``observation="map"`` does):
   A label of -1 marks an agent's step the expert was not asked about (a costly expert labels a few
   steps of each episode; a focused round labels only the agents it is about): the loss only samples
   steps with some label and scores only the labelled agents.
+* optionally ``params.committed_actions`` (``int8[M, T, n]``, -1 for none, or None): DAgger's record of
+  the learner's own earlier decoding rounds, the action each agent had committed to when the expert labelled
+  the others around those moves. A sampled step with a record shows those commitments (as the committed-action
+  planes) instead of a random share of the expert's own moves: the learner's rounds commit its moves, not
+  the expert's, and this teaches it how to go on from them.
 * optionally ``env.observations(state, params)``: a state's observations, as ``reset_to`` and ``step_env``
   return them. Training then observes only the steps it samples, not every step it replays.
 * for ``augment``: ``env.move_planes``, the first channel of each group of 4 feature planes that hold
@@ -209,6 +214,17 @@ def transform_sample(symmetry, planes, cells, actions, move_planes: tuple = ()):
     return planes, (cell_rows * size + cell_cols).astype(cells.dtype), actions.astype(jnp.int32)
 
 
+def with_recorded_commits(batch, committed, fixed):
+    """Training samples whose earlier decoding rounds were recorded (``fixed [S, n]``: the action each agent
+    had committed to, -1 for none; the labels of the others answer those commitments) keep that commitment
+    instead of the random one; samples with no record keep ``committed``. Returns (batch, committed)."""
+    planes, cells, active, actions = batch
+    has_record = jnp.any(fixed >= 0, -1, keepdims=True)
+    committed = jnp.where(has_record, active & (fixed >= 0), committed)
+    actions = jnp.where(fixed >= 0, fixed, actions)
+    return (planes, cells, active, actions), committed
+
+
 def agent_logits(cell_logits, me):
     """Each agent's logits ``[..., n, 5]``: the cell logits ``[..., H, W, 5]`` at its own cell
     (``me`` ``[..., n, H, W]`` is 1 there)."""
@@ -240,6 +256,7 @@ class Agent(NamedTuple):
     act: Callable  # (Policy, obs [..., n, H, W, C + 1], key, greedy, mask=None) -> actions [..., n]
     replay: Callable  # (instance, key) -> expert episode (planes, agent cells, active, actions)
     logits: Callable  # (Policy, obs [..., n, H, W, C + 1]) -> each agent's action logits [..., n, 5]
+    decode: Callable  # act's arguments -> (actions [..., n], the decoding round in which each agent chose [..., n])
 
 
 def make(config: Config, env, env_params) -> Agent:
@@ -276,6 +293,9 @@ def make(config: Config, env, env_params) -> Agent:
 
     rounds = config.decode_rounds
     extra = NUM_ACTIONS if rounds > 1 else 0  # committed-action planes in the input
+    recorded = getattr(env_params, "committed_actions", None)
+    if recorded is not None and rounds == 1:
+        raise ValueError("env_params.committed_actions: recorded decoding rounds need decode_rounds > 1")
 
     def cell_logits_of(params, planes, me, committed, actions):
         if rounds > 1:
@@ -288,12 +308,14 @@ def make(config: Config, env, env_params) -> Agent:
         nobody = jnp.zeros(me.shape[:-2], bool)
         return agent_logits(cell_logits_of(policy.params, planes, me, nobody, nobody.astype(jnp.int32)), me)
 
-    def act(policy: Policy, obs, key, greedy: bool = False, mask=None):
+    def decode(policy: Policy, obs, key, greedy: bool = False, mask=None):
         """Sample every agent's action; with ``decode_rounds`` K > 1, in K rounds, each round fixing the
-        most confident share of the undecided agents, whose choices the next rounds see in their input."""
+        most confident share of the undecided agents, whose choices the next rounds see in their input.
+        Returns the actions ``[..., n]`` and the round in which each agent decided ``[..., n]`` (-1: no cell)."""
         planes, me = obs[..., 0, :, :, :features], obs[..., features]
         active = jnp.sum(me, (-2, -1)) > 0
         committed, actions = ~active, jnp.zeros(active.shape, jnp.int32)  # agents without a cell: nothing to do
+        decided_in = jnp.full(active.shape, -1, jnp.int32)
         sample_keys = jax.random.split(key, rounds) if rounds > 1 else [key]  # one round: the key as given
         for k, sample_key in enumerate(sample_keys):
             logits = agent_logits(cell_logits_of(policy.params, planes, me, committed, actions), me)
@@ -304,8 +326,14 @@ def make(config: Config, env, env_params) -> Agent:
             confidence = jnp.take_along_axis(jax.nn.log_softmax(logits), sampled[..., None], -1)[..., 0]
             target = -(-jnp.sum(active, -1) * (k + 1) // rounds)  # ceil: all of them after the last round
             count = target - jnp.sum(committed & active, -1)
-            committed, actions = commit_most_confident(committed, sampled, actions, confidence, count)
-        return actions
+            now, actions = commit_most_confident(committed, sampled, actions, confidence, count)
+            decided_in = jnp.where(now & ~committed, k, decided_in)
+            committed = now
+        return actions, decided_in
+
+    def act(policy: Policy, obs, key, greedy: bool = False, mask=None):
+        """``decode``'s actions."""
+        return decode(policy, obs, key, greedy, mask)[0]
 
     def init(key) -> TrainState:
         net_key, key = jax.random.split(key)
@@ -403,7 +431,15 @@ def make(config: Config, env, env_params) -> Agent:
             symmetries = jax.random.randint(jax.random.fold_in(sample_key, 2), batch[1].shape[:1], 0, 8)
             turned_planes, turned_cells, turned_actions = turn(symmetries, batch[0], batch[1], batch[3])
             batch = (turned_planes, turned_cells, batch[2], turned_actions)
-        batch = (*batch, commit_at_random(jax.random.fold_in(sample_key, 1), batch[2], batch[3]))
+        committed = commit_at_random(jax.random.fold_in(sample_key, 1), batch[2], batch[3])
+        if recorded is not None:
+            fixed = jnp.take_along_axis(jnp.asarray(recorded)[instances], picks[..., None], axis=1)
+            fixed = fixed.reshape((-1,) + fixed.shape[2:]).astype(jnp.int32)
+            if config.augment:
+                permutations = jax.vmap(action_permutation)(symmetries)
+                fixed = jnp.where(fixed >= 0, jnp.take_along_axis(permutations, jnp.maximum(fixed, 0), -1), fixed)
+            batch, committed = with_recorded_commits(batch, committed, fixed)
+        batch = (*batch, committed)
         (loss, accuracy), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, *batch)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
@@ -411,7 +447,8 @@ def make(config: Config, env, env_params) -> Agent:
                               env_steps=state.env_steps + config.num_envs * steps)
         return state, {"loss": loss, "train_return": accuracy, "grad_norm": optax.global_norm(grads)}
 
-    return Agent(init=init, update=update, act=act, replay=replay if observe else replay_obs, logits=logits_of)
+    return Agent(init=init, update=update, act=act, replay=replay if observe else replay_obs, logits=logits_of,
+                 decode=decode)
 
 
 def train(config: Config, env, env_params, key, num_updates: int | None = None):

@@ -36,7 +36,9 @@ from rlx.envs.mapf.env import NOISE_OBSERVATIONS, PRIORITY_OBSERVATIONS, MapfEnv
 def rollouts(env: MapfEnv, pool: MapfParams, act: Callable, key, instances=None) -> dict[str, np.ndarray]:
     """The learner's episode on each pool entry in ``instances`` (default: all): ``actions [M, T, n]`` (waits
     once all agents stand on their goals), the ``positions [M, T, n, 2]`` and ``waiting [M, T, n]`` steps in
-    which it chose them, and ``solved [M]``. ``act(obs [n, ...], key) -> actions [n]``."""
+    which it chose them, and ``solved [M]``. ``act(obs [n, ...], key) -> actions [n]``, or ``-> (actions [n],
+    decided [n])`` with the decoding round in which each agent chose (``map_policy``'s ``decode``), which is
+    then returned too (``decided [M, T, n]``)."""
     horizon = int(pool.max_steps_in_episode)
     instances = jnp.arange(pool.blocked.shape[0]) if instances is None else jnp.asarray(instances)
 
@@ -47,19 +49,29 @@ def rollouts(env: MapfEnv, pool: MapfParams, act: Callable, key, instances=None)
         def step(carry, _):
             obs, state, over, key = carry
             key, act_key, step_key = jax.random.split(key, 3)
-            actions = jnp.where(over, 0, act(obs, act_key))
-            record = (actions, state.positions, env.waiting_steps(state))
+            chosen = act(obs, act_key)
+            chosen, decided = chosen if isinstance(chosen, tuple) else (chosen, jnp.zeros_like(chosen))
+            actions = jnp.where(over, 0, chosen)
+            record = (actions, state.positions, env.waiting_steps(state), decided)
             obs, state, _, terminated, _ = env.step_env(step_key, state, actions, pool)
             return (obs, state, over | jnp.all(terminated), key), record
 
-        (_, _, over, _), (actions, positions, waiting) = jax.lax.scan(
-            step, (obs, state, jnp.asarray(False), key), None, horizon)
-        return actions, positions, waiting, over
+        (_, _, over, _), records = jax.lax.scan(step, (obs, state, jnp.asarray(False), key), None, horizon)
+        return records, over
 
-    actions, positions, waiting, solved = jax.jit(jax.vmap(episode))(
+    (actions, positions, waiting, decided), solved = jax.jit(jax.vmap(episode))(
         instances, jax.random.split(key, instances.shape[0]))
     return {"actions": np.asarray(actions), "positions": np.asarray(positions), "waiting": np.asarray(waiting),
-            "solved": np.asarray(solved)}
+            "solved": np.asarray(solved), "decided": np.asarray(decided)}
+
+
+def earlier_commitments(actions: np.ndarray, decided: np.ndarray, rounds: int, share: float, rng) -> np.ndarray:
+    """``int8[M, T, n]``: for a ``share`` of the learner's steps, drawn at random, the actions its agents had
+    committed to before a decoding round drawn from 1 .. ``rounds`` - 1 (``decided``: each agent's round),
+    -1 for the others and for every agent of the remaining steps."""
+    cut = rng.integers(1, max(rounds, 2), actions.shape[:2])[..., None]
+    drawn = rng.random(actions.shape[:2])[..., None] < share
+    return np.where(drawn & (decided >= 0) & (decided < cut), actions, -1).astype(np.int8)
 
 
 def shown_tie_noise(pool: MapfParams, instance: int, move_noise: bool = True) -> Callable:
@@ -72,9 +84,8 @@ def shown_tie_noise(pool: MapfParams, instance: int, move_noise: bool = True) ->
     return lambda t: tie_noise.noise_grid(seed, t, *pool.blocked.shape[1:])
 
 
-def pibt_labels(pool: MapfParams, instances, positions: np.ndarray, waiting: np.ndarray,
-                seed: int = 0, swap: bool = False, move_noise: bool = False, defer: bool = False,
-                give_way: bool = False, route: bool = False) -> np.ndarray:
+def pibt_labels(pool: MapfParams, instances, positions: np.ndarray, waiting: np.ndarray, seed: int = 0,
+                **teacher) -> np.ndarray:
     """``int8[M, T, n]``: PIBT's joint action in each visited state (``positions [M, T, n, 2]``,
     ``waiting [M, T, n]`` of pool entries ``instances``), with PIBT's priorities at that point;
     ``swap``: with PIBT's swap operation (the teacher ``pibt_swap_by_index``); ``move_noise``: ties between
@@ -85,12 +96,28 @@ def pibt_labels(pool: MapfParams, instances, positions: np.ndarray, waiting: np.
 
     Unused agent slots get waits. Needs the pool's ``goal_distances`` (``make_mapf`` adds them for
     map observations)."""
+    return answered_commitments(pool, instances, positions, waiting, None, seed, **teacher)[0]
+
+
+def answered_commitments(pool: MapfParams, instances, positions: np.ndarray, waiting: np.ndarray,
+                         committed: np.ndarray | None, seed: int = 0, swap: bool = False, move_noise: bool = False,
+                         defer: bool = False, give_way: bool = False,
+                         route: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+    """``pibt_labels`` in which some agents' moves are already fixed: ``committed [M, T, n]`` holds the action
+    each agent had committed to in an earlier decoding round of the learner (-1: none), and PIBT plans the
+    others around those moves (``pibt_step``'s constraints: the committed agents' next cells are taken and
+    they cannot be pushed). A move into a wall counts as a wait, as the environment makes it.
+
+    Returns the labels and the commitments they answer: a step whose commitments leave PIBT no conflict-free
+    joint move (two committed agents bound for one cell, say) gets the plain label and no commitments.
+    With ``committed`` None: the plain labels and None."""
     if pool.goal_distances is None:
         raise ValueError("pibt_labels needs pool.goal_distances (mapf.first_goal_distances)")
     rng = np.random.default_rng(seed)
     blocked, mask = np.asarray(pool.blocked), np.asarray(pool.agent_mask)
     distances, all_goals = np.asarray(pool.goal_distances), np.asarray(pool.goals)
     labels = np.zeros(positions.shape[:3], np.int8)
+    answered = None if committed is None else np.array(committed, np.int8)
     for row, m in enumerate(np.asarray(instances)):
         present = np.nonzero(mask[m])[0]
         n = len(present)
@@ -108,12 +135,32 @@ def pibt_labels(pool: MapfParams, instances, positions: np.ndarray, waiting: np.
             here = [tuple(map(int, cell)) for cell in cells]
             keep_off = experts.deferred(pockets, goals, cells) if defer else np.zeros(n, bool)
             plans = experts.planning_fields(blocked[m], goals, here, fields, away, keep_off, route, routed)
-            step = experts.pibt_step(moves, here, lambda i, cell: plans[i][cell], waiting[row, t, present] + tiebreak,
-                                     rng, swap=swap, tie_noise_grid=noise_at(t), give_way=give_way)
+            plan_step = lambda constraints=(): experts.pibt_step(  # noqa: E731
+                moves, here, lambda i, cell: plans[i][cell], waiting[row, t, present] + tiebreak, rng,
+                constraints, swap=swap, tie_noise_grid=noise_at(t), give_way=give_way)
+            fixed = () if answered is None else committed_cells(moves, here, answered[row, t, present])
+            step = plan_step(fixed) if fixed else None
+            if step is None:
+                step = plan_step()
+                if answered is not None:
+                    answered[row, t] = -1
             labels[row, t, present] = [experts.MOVE_CODES[(r - a, c - b)] for (r, c), (a, b) in zip(step, here)]
             if all(fields[i][here[i]] == 0 for i in range(n)) and not labels[row, t].any():
+                if answered is not None:
+                    answered[row, t:] = -1
                 break  # all on their goals: PIBT waits from here on (labels are already 0)
-    return labels
+    return labels, answered
+
+
+def committed_cells(moves: dict, here: list[tuple], actions: np.ndarray) -> tuple:
+    """``pibt_step`` constraints ``((agent, next cell), ...)`` for the agents with an action (``actions [n]``,
+    -1: none); a move into a wall or off the map keeps the agent where it is."""
+    fixed = []
+    for i in np.nonzero(actions >= 0)[0]:
+        (r, c), (dr, dc) = here[i], experts.MOVES[actions[i]]
+        cell = (int(r + dr), int(c + dc))
+        fixed.append((int(i), cell if cell in moves[here[i]] else here[i]))
+    return tuple(fixed)
 
 
 def _lacam_first_move(job) -> list[int]:
@@ -186,11 +233,18 @@ def endgame_only(labels: np.ndarray, positions: np.ndarray, goals: np.ndarray, p
     return np.where(near_off & (count >= 1) & (count <= most_off), labels, -1).astype(labels.dtype)
 
 
-def aggregate(pool: MapfParams, instances, behaviour: np.ndarray, labels: np.ndarray) -> MapfParams:
+def aggregate(pool: MapfParams, instances, behaviour: np.ndarray, labels: np.ndarray,
+              committed: np.ndarray | None = None) -> MapfParams:
     """``pool`` with the learner's episodes appended: entries that copy pool entries ``instances`` and
-    replay ``behaviour [M, T, n]``, labelled ``labels``. The original entries replay their expert actions."""
+    replay ``behaviour [M, T, n]``, labelled ``labels``. The original entries replay their expert actions.
+    ``committed [M, T, n]``: the earlier decoding rounds' commitments that the labels answer
+    (``answered_commitments``; -1 where none, as for every entry without them)."""
     index = jnp.asarray(instances)
     current = pool.expert_actions if pool.behaviour_actions is None else pool.behaviour_actions
+    recorded = pool.committed_actions
+    if committed is not None or recorded is not None:
+        recorded = jnp.full(pool.expert_actions.shape, -1, jnp.int8) if recorded is None else recorded
+        committed = np.full(np.shape(labels), -1, np.int8) if committed is None else committed
 
     def extend(field, new=None):
         if field is None:
@@ -203,7 +257,8 @@ def aggregate(pool: MapfParams, instances, behaviour: np.ndarray, labels: np.nda
         agent_mask=extend(pool.agent_mask), components=extend(pool.components),
         goal_distances=extend(pool.goal_distances),
         expert_actions=extend(pool.expert_actions, labels),
-        behaviour_actions=extend(jnp.asarray(current), behaviour))
+        behaviour_actions=extend(jnp.asarray(current), behaviour),
+        committed_actions=extend(recorded, committed))
 
 
 LABELLERS = ("teacher", "lacam")
@@ -214,7 +269,7 @@ def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int =
            samples_per_episode: int | None = None, seed: int = 0, log: Callable = print, labeller: str = "teacher",
            lacam_steps: int = 16, node_limit: int = 2000, rollout_rounds: int = 4, rollout_agents: int | None = None,
            endgame_repeat: int = 0, augment: bool | None = None, endgame_maps: int = 0,
-           endgame_agents: int = 64) -> None:
+           endgame_agents: int = 64, commitments: float = 0.0) -> None:
     """DAgger on a finished map-policy run (``+exp=mapf_map_policy``, seed 0): ``iterations`` rounds of
     (roll the policy out on ``rollout_maps`` training instances, label each state by PIBT, add the episodes to
     the pool, ``updates`` more imitation updates from the current parameters), then a new checkpoint in
@@ -238,9 +293,18 @@ def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int =
     ``endgame_agents`` agents on their goals but a few pairs that must pass each other in a corridor), those
     the teacher solves, join the pool with its solutions and as rollout starts: the deadlocks in which the
     policy's N=64 episodes end, drawn on many maps instead of the few of a round's failed rollouts.
+    ``commitments``: the share of visited steps labelled as answers to the learner's own earlier decoding
+    rounds (``answered_commitments``): the agents it had committed before a round drawn at random keep their
+    moves, in the training input too, and the teacher plans the others around them. Behaviour cloning only
+    ever shows the teacher's own moves as commitments; the learner's rounds commit its own, and this shows
+    how the teacher would go on from them.
     """
     if labeller not in LABELLERS:
         raise ValueError(f"labeller={labeller!r}: valid: {', '.join(LABELLERS)}")
+    if not 0.0 <= commitments <= 1.0:
+        raise ValueError(f"commitments={commitments!r}: must be in [0, 1]")
+    if commitments and labeller != "teacher":
+        raise ValueError(f"commitments={commitments!r}: needs labeller='teacher' (LaCAM does not take commitments)")
     from pathlib import Path
 
     from omegaconf import OmegaConf
@@ -282,27 +346,36 @@ def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int =
                             augment=config.augment if augment is None else augment)
     params = run.policy(0, 0).params
     rollout_agent = module.make(module.with_decode_rounds(config, rollout_rounds), env, base)
+    if commitments and config.decode_rounds == 1:
+        raise ValueError(f"commitments={commitments!r}: the run's policy decides in one round (decode_rounds=1)")
+    decide = rollout_agent.decode if commitments else rollout_agent.act
+    rng = np.random.default_rng(seed)
     key = jax.random.PRNGKey(seed)
     for iteration in range(1, iterations + 1):
         key, pick_key, rollout_key, train_key = jax.random.split(key, 4)
-        act = lambda obs, k, p=params: rollout_agent.act(module.Policy(p), obs, k)  # noqa: E731
+        act = lambda obs, k, p=params: decide(module.Policy(p), obs, k)  # noqa: E731
         picks = candidates[np.asarray(jax.random.choice(pick_key, len(candidates),
                                                         (min(rollout_maps, len(candidates)),), replace=False))]
         episodes = rollouts(env, base, act, rollout_key, picks)
         if labeller == "lacam":
             labels = lacam_labels(base, picks, episodes["positions"], episodes["waiting"], lacam_steps, node_limit,
                                   seed=seed + iteration, move_noise=env.observation in NOISE_OBSERVATIONS)
+            committed = None
         else:
-            labels = pibt_labels(base, picks, episodes["positions"], episodes["waiting"], seed=seed + iteration,
-                                 **experts.STEPWISE_TEACHERS[teacher])
-        pool = aggregate(pool, picks, episodes["actions"], labels)
+            committed = earlier_commitments(episodes["actions"], episodes["decided"], rollout_rounds, commitments,
+                                            rng) if commitments else None
+            labels, committed = answered_commitments(base, picks, episodes["positions"], episodes["waiting"],
+                                                     committed, seed=seed + iteration,
+                                                     **experts.STEPWISE_TEACHERS[teacher])
+        pool = aggregate(pool, picks, episodes["actions"], labels, committed)
         failed = ~episodes["solved"]
         if endgame_repeat and failed.any():
             goals = np.asarray(base.goals)[picks[failed], :, 0]
             endgame = endgame_only(labels[failed], episodes["positions"][failed], goals, present[picks[failed]])
             pool = aggregate(pool, np.repeat(picks[failed], endgame_repeat),
                              np.repeat(episodes["actions"][failed], endgame_repeat, 0),
-                             np.repeat(endgame, endgame_repeat, 0))
+                             np.repeat(endgame, endgame_repeat, 0),
+                             None if committed is None else np.repeat(committed[failed], endgame_repeat, 0))
         agent = module.make(config, env, pool)
         state = agent.init(train_key).replace(params=params)
         state, metrics = jax.jit(lambda s: jax.lax.scan(lambda s, _: agent.update(s), s, None, updates))(state)
@@ -338,9 +411,12 @@ if __name__ == "__main__":
                         help="train on turned and mirrored samples (default: as the run did)")
     parser.add_argument("--endgame-maps", type=int, default=0,
                         help="generated endgames (pairs to pass each other in corridors) added to the pool")
+    parser.add_argument("--commitments", type=float, default=0.0,
+                        help="share of visited steps labelled around the learner's earlier decoding rounds")
     args = parser.parse_args()
     extra = tuple(int(n) for n in args.extra_agents.split(",") if n)
     refine(args.run_dir, args.iterations, args.updates, args.rollout_maps, extra, args.samples_per_episode,
            labeller=args.labeller, lacam_steps=args.lacam_steps, node_limit=args.node_limit,
            rollout_rounds=args.rollout_rounds, rollout_agents=args.rollout_agents,
-           endgame_repeat=args.endgame_repeat, augment=args.augment, endgame_maps=args.endgame_maps)
+           endgame_repeat=args.endgame_repeat, augment=args.augment, endgame_maps=args.endgame_maps,
+           commitments=args.commitments)

@@ -90,6 +90,8 @@ class MapfParams:
     behaviour_actions: jax.Array | None = None  # int8[M, T, N]: actions that reach the states labelled by
                                                 # expert_actions when they are not the expert's own (DAgger)
     goal_distances: jax.Array | None = None  # int16[M, N, H, W]: distance fields to the first goals (optional cache)
+    committed_actions: jax.Array | None = None  # int8[M, T, N]: DAgger's recorded decoding rounds: the action an
+                                                # agent had committed to when the others were labelled (-1: none)
 
 
 @struct.dataclass
