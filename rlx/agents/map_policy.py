@@ -198,6 +198,11 @@ def action_permutation(symmetry):
     return jnp.argmax(jnp.all(turned[:, None] == moves[None], -1), -1)
 
 
+def turn_actions(permutation, actions):
+    """``actions`` (-1, unlabelled or uncommitted, stays -1) as ``permutation`` (``action_permutation``) turns them."""
+    return jnp.where(actions >= 0, permutation[jnp.maximum(actions, 0)], actions)
+
+
 def transform_sample(symmetry, planes, cells, actions, move_planes: tuple = ()):
     """One sample under ``symmetry``: shared planes ``[H, W, C]`` (H == W), agents' flat cell indices ``[n]`` and
     their actions ``[n]`` (-1, unlabelled, stays -1). Per-move channels (4 from each of ``move_planes``) swap
@@ -210,7 +215,7 @@ def transform_sample(symmetry, planes, cells, actions, move_planes: tuple = ()):
     for first in move_planes:  # the plane of move a goes where the plane of the move it becomes was
         planes = planes.at[..., first + permutation[1:] - 1].set(planes[..., first:first + 4])
     cell_rows, cell_cols = map_cells(symmetry, cells // size, cells % size, size)
-    actions = jnp.where(actions >= 0, permutation[jnp.maximum(actions, 0)], actions)
+    actions = turn_actions(permutation, actions)
     return planes, (cell_rows * size + cell_cols).astype(cells.dtype), actions.astype(jnp.int32)
 
 
@@ -294,6 +299,7 @@ def make(config: Config, env, env_params) -> Agent:
     rounds = config.decode_rounds
     extra = NUM_ACTIONS if rounds > 1 else 0  # committed-action planes in the input
     recorded = getattr(env_params, "committed_actions", None)
+    recorded = None if recorded is None else jnp.asarray(recorded)
     if recorded is not None and rounds == 1:
         raise ValueError("env_params.committed_actions: recorded decoding rounds need decode_rounds > 1")
 
@@ -433,11 +439,10 @@ def make(config: Config, env, env_params) -> Agent:
             batch = (turned_planes, turned_cells, batch[2], turned_actions)
         committed = commit_at_random(jax.random.fold_in(sample_key, 1), batch[2], batch[3])
         if recorded is not None:
-            fixed = jnp.take_along_axis(jnp.asarray(recorded)[instances], picks[..., None], axis=1)
+            fixed = jnp.take_along_axis(recorded[instances], picks[..., None], axis=1)
             fixed = fixed.reshape((-1,) + fixed.shape[2:]).astype(jnp.int32)
             if config.augment:
-                permutations = jax.vmap(action_permutation)(symmetries)
-                fixed = jnp.where(fixed >= 0, jnp.take_along_axis(permutations, jnp.maximum(fixed, 0), -1), fixed)
+                fixed = jax.vmap(turn_actions)(jax.vmap(action_permutation)(symmetries), fixed)
             batch, committed = with_recorded_commits(batch, committed, fixed)
         batch = (*batch, committed)
         (loss, accuracy), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, *batch)
