@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import struct
 
@@ -252,3 +253,87 @@ def test_policy_learns_to_answer_commitments_its_expert_never_makes():
             down[name, first] = float(jax.nn.softmax(logits[1])[2])
     assert down["recorded", 1] > 0.95 and down["recorded", 4] < 0.05
     assert down["unrecorded", 1] < 0.8  # about the share of entries labelled "down" (0.5): a guess, not an answer
+
+
+# --------------------------------------------------------------------------- messages between agents
+
+
+def two_agent_maps(key, count: int, size: int = 8):
+    """``count`` maps with two agents in distinct cells: the shared plane marks occupied cells
+    ``[count, size, size, 1]``, ``me [count, 2, size, size]``, and each agent's label: right (4) if the
+    other agent stands in a column to its right, else left (3)."""
+    cells = jax.vmap(lambda k: jax.random.choice(k, size * size, (2,), replace=False))(jax.random.split(key, count))
+    me = jax.nn.one_hot(cells, size * size).reshape(count, 2, size, size)
+    columns = cells % size
+    labels = jnp.where(columns[:, ::-1] > columns, 4, 3)
+    return jnp.sum(me, 1)[..., None], me, cells, labels
+
+
+def with_random_message_output(params, key):
+    """``params`` with the message's zero-initialised output layer drawn at random (it would hide the
+    messages' reach at initialisation)."""
+    inner = dict(params["params"]["AgentMessages_0"])
+    last = max((name for name in inner if name.startswith("Dense_")), key=lambda name: int(name.split("_")[1]))
+    inner[last] = {**inner[last], "kernel": jax.random.normal(key, inner[last]["kernel"].shape)}
+    return {"params": {**params["params"], "AgentMessages_0": inner}}
+
+
+def test_messages_ignore_agent_order_and_agents_without_a_cell():
+    planes, me, _, _ = two_agent_maps(jax.random.PRNGKey(0), 4)
+    net = mp.FullyConvolutional((8, 8), message_heads=2)
+    params = with_random_message_output(net.init(jax.random.PRNGKey(1), planes, me), jax.random.PRNGKey(2))
+    out = net.apply(params, planes, me)
+    padded = jnp.concatenate([me[:, ::-1], jnp.zeros_like(me[:, :1])], 1)  # swapped, and a third agent off the map
+    np.testing.assert_allclose(net.apply(params, planes, padded), out, atol=1e-5)
+    without_second = net.apply(params, planes, me.at[:, 1].set(0.0))
+    assert float(jnp.max(jnp.abs(without_second - out))) > 1e-3  # the other agent's message did matter
+
+
+@pytest.mark.parametrize("heads", [0, 2])
+def test_messages_reach_agents_beyond_the_convolutions_receptive_field(heads):
+    me = jnp.zeros((1, 2, 9, 9)).at[0, 0, 0, 0].set(1.0).at[0, 1, 8, 8].set(1.0)  # 16 cells apart
+    planes = jnp.zeros((1, 9, 9, 2)).at[..., 0].set(jnp.sum(me, 1))
+    net = mp.FullyConvolutional((8, 8), message_heads=heads)
+    params = net.init(jax.random.PRNGKey(0), planes, me)
+    if heads:
+        params = with_random_message_output(params, jax.random.PRNGKey(1))
+    far = net.apply(params, planes.at[0, 8, 8, 1].set(1.0), me)[0, 0, 0]  # a plane changed at the far agent
+    moved = float(jnp.max(jnp.abs(far - net.apply(params, planes, me)[0, 0, 0])))
+    assert (moved > 1e-4) == bool(heads), moved  # two 3x3 layers alone see 2 cells around (0, 0)
+
+
+@pytest.mark.parametrize("heads, lowest, highest", [(0, 0.0, 0.8), (2, 0.95, 1.0)])
+def test_messages_learn_where_the_other_agent_stands(heads, lowest, highest):
+    """Which way the other agent stands is beyond a single 3x3 layer's view; one round of messages shows it."""
+    net = mp.FullyConvolutional((16,), message_heads=heads)
+    planes, me, _, _ = two_agent_maps(jax.random.PRNGKey(0), 64)
+    params = net.init(jax.random.PRNGKey(1), planes, me)
+    optimizer = optax.adam(3e-3)
+
+    def loss(params, planes, me, cells, labels):
+        flat = net.apply(params, planes, me).reshape(planes.shape[0], -1, mp.NUM_ACTIONS)
+        logits = jnp.take_along_axis(flat, cells[..., None], 1)
+        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[..., None], -1))
+
+    @jax.jit
+    def step(carry, key):
+        params, opt_state = carry
+        grads = jax.grad(loss)(params, *two_agent_maps(key, 64))
+        updates, opt_state = optimizer.update(grads, opt_state)
+        return (optax.apply_updates(params, updates), opt_state), None
+
+    (params, _), _ = jax.lax.scan(step, (params, optimizer.init(params)), jax.random.split(jax.random.PRNGKey(2), 400))
+    planes, me, cells, labels = two_agent_maps(jax.random.PRNGKey(3), 512)
+    flat = net.apply(params, planes, me).reshape(512, -1, mp.NUM_ACTIONS)
+    chosen = jnp.argmax(jnp.take_along_axis(flat, cells[..., None], 1), -1)
+    accuracy = float(jnp.mean(chosen == labels))
+    assert lowest <= accuracy <= highest, accuracy
+
+
+def test_networks_without_messages_keep_their_parameters():
+    """A config without messages builds the same parameter tree as before they existed (saved runs load)."""
+    planes, me, _, _ = two_agent_maps(jax.random.PRNGKey(0), 1)
+    names = set(mp.FullyConvolutional((8, 8, 8)).init(jax.random.PRNGKey(0), planes, me)["params"])
+    assert names == {"Dense_0", "Dense_1", "Dense_2", "Dense_3"}
+    with_messages = set(mp.FullyConvolutional((8, 8, 8), 2).init(jax.random.PRNGKey(0), planes, me)["params"])
+    assert with_messages == names | {"AgentMessages_0"}

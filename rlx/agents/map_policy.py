@@ -94,6 +94,7 @@ class Config:
     decode_rounds: int = static(1)  # 1: agents choose independently; K > 1: in K rounds, each seeing earlier choices
     anneal_lr: bool = static(True)
     augment: bool = static(False)  # each sample seen in one of the square's 8 symmetries, drawn at random
+    message_heads: int = static(0)  # > 0: agents exchange one round of messages (attention heads) mid-network
 
     @property
     def batch_size(self) -> int:
@@ -121,6 +122,7 @@ def validate(config: Config) -> None:
         ("num_steps", config.num_steps >= 1, "must be >= 1"),
         ("samples_per_episode", 1 <= config.samples_per_episode <= config.num_steps, "must be in [1, num_steps]"),
         ("decode_rounds", config.decode_rounds >= 1, "must be >= 1"),
+        ("message_heads", config.message_heads >= 0, "must be >= 0 (0: no messages between agents)"),
         ("channels", len(config.channels) >= 1 and all(int(c) >= 1 for c in config.channels),
          "needs at least one layer, every width >= 1"),
         ("total_timesteps", config.num_updates >= 1, f"must be >= one batch ({config.batch_size})"),
@@ -146,17 +148,61 @@ def neighbourhoods(x):
     return jnp.concatenate(shifts, axis=-1)
 
 
-class FullyConvolutional(nn.Module):
-    """Per-cell action logits from whole-map planes: 3x3 convolutions (ReLU, residual where widths match)."""
+def agent_cells(me):
+    """Each agent's (row, column) ``[..., n, 2]`` from its cell plane ``me [..., n, H, W]`` (0, 0 without one)."""
+    rows = jnp.einsum("...nhw,h->...n", me, jnp.arange(me.shape[-2], dtype=me.dtype))
+    cols = jnp.einsum("...nhw,w->...n", me, jnp.arange(me.shape[-1], dtype=me.dtype))
+    return jnp.stack([rows, cols], -1)
 
-    channels: tuple
+
+class AgentMessages(nn.Module):
+    """One round of messages between agents: each agent attends to every other active agent, wherever it is
+    on the map. The features at an agent's cell are its query, key and value; each head's score adds a
+    learned function of the two agents' offset, so near and far, ahead and behind, weigh differently. The
+    message is added back on the agent's cell, for the next convolutions to spread. The convolutions alone
+    link only agents within their receptive field, and only through the cells between them."""
+
+    heads: int
+    offset_scale: float = 8.0  # cells: offsets enter the score's network divided by this
 
     @nn.compact
-    def __call__(self, planes):
+    def __call__(self, x, me):
+        width = x.shape[-1]
+        head_width = max(width // self.heads, 1)
+        mine = jnp.einsum("...nhw,...hwc->...nc", me, x)  # [..., n, C]
+        active = jnp.sum(me, (-2, -1)) > 0
+        offset = agent_cells(me)[..., None, :, :] - agent_cells(me)[..., :, None, :]  # [..., n (from), n (to), 2]
+        geometry = jnp.concatenate([offset, jnp.sum(jnp.abs(offset), -1, keepdims=True)], -1) / self.offset_scale
+        where = nn.relu(nn.Dense(32)(geometry))  # [..., n, n, 32]: where each agent stands as seen from each
+        bias = nn.Dense(self.heads)(where)
+        split = lambda y: y.reshape(y.shape[:-1] + (self.heads, head_width))  # noqa: E731
+        query, key, value = (split(nn.Dense(self.heads * head_width)(mine)) for _ in range(3))
+        score = jnp.einsum("...ikd,...jkd->...ijk", query, key) / np.sqrt(head_width) + bias
+        score = jnp.where(active[..., None, :, None], score, -1e9)
+        weights = jax.nn.softmax(score, axis=-2)  # over the agents heard from
+        # what each head heard, and from where (a value alone says what an agent is, not where it stands)
+        heard = jnp.einsum("...ijk,...jkd->...ikd", weights, value).reshape(mine.shape[:-1] + (-1,))
+        heard_where = jnp.einsum("...ijk,...ijd->...ikd", weights, where).reshape(mine.shape[:-1] + (-1,))
+        message = nn.Dense(width, kernel_init=nn.initializers.zeros)(jnp.concatenate([heard, heard_where], -1))
+        message = message * active[..., None]
+        return x + jnp.einsum("...nhw,...nc->...hwc", me, message)
+
+
+class FullyConvolutional(nn.Module):
+    """Per-cell action logits from whole-map planes: 3x3 convolutions (ReLU, residual where widths match);
+    with ``message_heads``, one round of messages between agents (``AgentMessages``) after the middle layer."""
+
+    channels: tuple
+    message_heads: int = 0
+
+    @nn.compact
+    def __call__(self, planes, me=None):
         x = planes
-        for width in self.channels:
+        for layer, width in enumerate(self.channels):
             y = nn.relu(nn.Dense(width)(neighbourhoods(x)))
             x = x + y if x.shape[-1] == width else y
+            if self.message_heads and layer == (len(self.channels) - 1) // 2:
+                x = AgentMessages(self.message_heads)(x, me)
         return nn.Dense(NUM_ACTIONS, kernel_init=nn.initializers.orthogonal(0.01))(x)
 
 
@@ -266,7 +312,7 @@ class Agent(NamedTuple):
 
 def make(config: Config, env, env_params) -> Agent:
     """Build the imitation learner's pure functions for one environment and its expert pool."""
-    network = FullyConvolutional(tuple(int(c) for c in config.channels))
+    network = FullyConvolutional(tuple(int(c) for c in config.channels), int(config.message_heads))
     expert = jnp.asarray(env_params.expert_actions)
     behaviour = getattr(env_params, "behaviour_actions", None)
     behaviour = expert if behaviour is None else jnp.asarray(behaviour)
@@ -306,7 +352,7 @@ def make(config: Config, env, env_params) -> Agent:
     def cell_logits_of(params, planes, me, committed, actions):
         if rounds > 1:
             planes = jnp.concatenate([planes, committed_planes(me, committed, actions)], -1)
-        return network.apply(params, planes)
+        return network.apply(params, planes, me)
 
     def logits_of(policy: Policy, obs):
         """Each agent's logits with no choice made yet (the first decoding round)."""
@@ -343,7 +389,8 @@ def make(config: Config, env, env_params) -> Agent:
 
     def init(key) -> TrainState:
         net_key, key = jax.random.split(key)
-        params = network.init(net_key, jnp.zeros(obs_spec.shape[1:-1] + (features + extra,)))
+        params = network.init(net_key, jnp.zeros(obs_spec.shape[1:-1] + (features + extra,)),
+                              jnp.zeros(obs_spec.shape[:-1]))
         return TrainState(params=params, opt_state=optimizer.init(params), key=key,
                           update_step=jnp.asarray(0, jnp.int32), env_steps=jnp.asarray(0, jnp.int32))
 
