@@ -176,7 +176,7 @@ class AgentMessages(nn.Module):
         head_width = max(width // self.heads, 1)
         mine = jnp.einsum("...nhw,...hwc->...nc", me, x)  # [..., n, C]
         active = jnp.sum(me, (-2, -1)) > 0
-        offset = agent_cells(me)[..., None, :, :] - agent_cells(me)[..., :, None, :]  # [..., n (from), n (to), 2]
+        offset = agent_cells(me)[..., None, :, :] - agent_cells(me)[..., :, None, :]  # [..., i, j, 2]: j's cell - i's
         geometry = jnp.concatenate([offset, jnp.sum(jnp.abs(offset), -1, keepdims=True)], -1) / self.offset_scale
         where = nn.relu(nn.Dense(32)(geometry))  # [..., n, n, 32]: where each agent stands as seen from each
         bias = nn.Dense(self.heads)(where)
@@ -184,7 +184,7 @@ class AgentMessages(nn.Module):
         query, key, value = (split(nn.Dense(self.heads * head_width)(mine)) for _ in range(3))
         score = jnp.einsum("...ikd,...jkd->...ijk", query, key) / np.sqrt(head_width) + bias
         score = jnp.where(active[..., None, :, None], score, -1e9)
-        weights = jax.nn.softmax(score, axis=-2)  # over the agents heard from
+        weights = jax.nn.softmax(score, axis=-2)  # agent i's weights over the agents j it hears
         # what each head heard, and from where (a value alone says what an agent is, not where it stands)
         heard = jnp.einsum("...ijk,...jkd->...ikd", weights, value).reshape(mine.shape[:-1] + (-1,))
         heard_where = jnp.einsum("...ijk,...ijd->...ikd", weights, where).reshape(mine.shape[:-1] + (-1,))
@@ -202,6 +202,8 @@ class FullyConvolutional(nn.Module):
 
     @nn.compact
     def __call__(self, planes, me=None):
+        if self.message_heads and me is None:
+            raise ValueError("FullyConvolutional: message_heads > 0 needs the agents' cell planes (me [..., n, H, W])")
         x = planes
         for layer, width in enumerate(self.channels):
             y = nn.relu(nn.Dense(width)(neighbourhoods(x)))
