@@ -153,6 +153,17 @@ def neighbourhoods(x):
     return jnp.concatenate(shifts, axis=-1)
 
 
+def at_agent_cells(me, planes):
+    """``[..., n, C]``: each agent's values of ``planes [..., H, W, C]`` at its own cell (``me [..., n, H, W]``
+    is 1 there; zeros for an agent without a cell)."""
+    return jnp.einsum("...nhw,...hwc->...nc", me, planes)
+
+
+def on_agent_cells(me, values):
+    """``[..., H, W, C]``: each agent's ``values [..., n, C]`` put on its own cell (zeros elsewhere)."""
+    return jnp.einsum("...nhw,...nc->...hwc", me, values)
+
+
 def agent_cells(me):
     """Each agent's (row, column) ``[..., n, 2]`` from its cell plane ``me [..., n, H, W]`` (0, 0 without one)."""
     rows = jnp.einsum("...nhw,h->...n", me, jnp.arange(me.shape[-2], dtype=me.dtype))
@@ -174,9 +185,10 @@ class AgentMessages(nn.Module):
     def __call__(self, x, me):
         width = x.shape[-1]
         head_width = max(width // self.heads, 1)
-        mine = jnp.einsum("...nhw,...hwc->...nc", me, x)  # [..., n, C]
+        mine = at_agent_cells(me, x)  # [..., n, C]
         active = jnp.sum(me, (-2, -1)) > 0
-        offset = agent_cells(me)[..., None, :, :] - agent_cells(me)[..., :, None, :]  # [..., i, j, 2]: j's cell - i's
+        cells = agent_cells(me)
+        offset = cells[..., None, :, :] - cells[..., :, None, :]  # [..., i, j, 2]: j's cell - i's
         geometry = jnp.concatenate([offset, jnp.sum(jnp.abs(offset), -1, keepdims=True)], -1) / self.offset_scale
         where = nn.relu(nn.Dense(32)(geometry))  # [..., n, n, 32]: where each agent stands as seen from each
         bias = nn.Dense(self.heads)(where)
@@ -190,7 +202,7 @@ class AgentMessages(nn.Module):
         heard_where = jnp.einsum("...ijk,...ijd->...ikd", weights, where).reshape(mine.shape[:-1] + (-1,))
         message = nn.Dense(width, kernel_init=nn.initializers.zeros)(jnp.concatenate([heard, heard_where], -1))
         message = message * active[..., None]
-        return x + jnp.einsum("...nhw,...nc->...hwc", me, message)
+        return x + on_agent_cells(me, message)
 
 
 class FullyConvolutional(nn.Module):
@@ -216,7 +228,7 @@ class FullyConvolutional(nn.Module):
 def committed_planes(me, committed, actions):
     """``[..., H, W, 5]``: the one-hot action of each committed agent at its cell (zeros elsewhere)."""
     chosen = jax.nn.one_hot(actions, NUM_ACTIONS) * committed[..., None]
-    return jnp.einsum("...nhw,...na->...hwa", me, chosen)
+    return on_agent_cells(me, chosen)
 
 
 def commit_most_confident(committed, sampled, actions, confidence, count):
@@ -286,7 +298,7 @@ def with_recorded_commits(batch, committed, fixed):
 def agent_logits(cell_logits, me):
     """Each agent's logits ``[..., n, 5]``: the cell logits ``[..., H, W, 5]`` at its own cell
     (``me`` ``[..., n, H, W]`` is 1 there)."""
-    return jnp.einsum("...nhw,...hwa->...na", me, cell_logits)
+    return at_agent_cells(me, cell_logits)
 
 
 # --------------------------------------------------------------------------- state and agent
