@@ -516,7 +516,7 @@ def make(config: Config, env, env_params) -> Agent:
         params = optax.apply_updates(state.params, updates)
         state = state.replace(params=params, opt_state=opt_state, key=key, update_step=state.update_step + 1,
                               env_steps=state.env_steps + config.num_envs * steps)
-        return state, {"loss": loss, "train_return": accuracy, "grad_norm": optax.global_norm(grads)}
+        return state, {"loss": loss, "train_return": accuracy, "grad_norm": optax.tree.norm(grads)}
 
     return Agent(init=init, update=update, act=act, replay=replay if observe else replay_obs, logits=logits_of,
                  decode=decode)
