@@ -28,6 +28,7 @@ def draw(seed, side, density, agents):
 ALWAYS_VALID = {"pibt": lambda grid, s, g, side: experts.pibt(grid, s, g, max_steps=3 * side),
                 "pibt_swap": lambda grid, s, g, side: experts.pibt(grid, s, g, max_steps=3 * side, swap=True),
                 "pibt_swap_defer": lambda grid, s, g, side: experts.pibt_swap_defer(grid, s, g, max_steps=3 * side),
+                "pibt_swap_detour": lambda grid, s, g, side: experts.pibt_swap_detour(grid, s, g, max_steps=3 * side),
                 "pibt_swap_route": lambda grid, s, g, side: experts.pibt_swap_route(grid, s, g, max_steps=3 * side),
                 "lacam": lambda grid, s, g, side: experts.lacam(grid, s, g, max_steps=4 * side, node_limit=300)}
 
@@ -161,14 +162,16 @@ def test_routed_distances_go_round_a_resting_agent_when_that_is_shorter():
 def test_routing_solves_two_agents_meeting_head_on_in_a_corridor_open_at_both_ends():
     """On ``RING`` agent 0 must pass agent 1 in column 0 to reach (2, 0), and agent 1 must pass it for (4, 0):
     each pushes the other off its goal in turn with ``pibt_swap_defer`` (the pocket rule does not see a
-    corridor open at both ends); with ``pibt_swap_route`` one walks round and both arrive."""
+    corridor open at both ends); with ``pibt_swap_detour`` or ``pibt_swap_route`` one walks round and both
+    arrive: routing alone does it, without giving way."""
     grid = maps.from_strings(RING)
     starts, goals = np.array([[4, 3], [1, 1]]), np.array([[2, 0], [4, 0]])
     assert not experts.pibt_swap_defer(grid, starts, goals, 64).finished.all()
-    solution = experts.pibt_swap_route(grid, starts, goals, 64)
-    assert solution.finished.all()
-    experts.check_paths(grid, solution.paths, goals, solution.finished)
-    assert len(solution.paths) - 1 <= 12
+    for solver in (experts.pibt_swap_detour, experts.pibt_swap_route):
+        solution = solver(grid, starts, goals, 64)
+        assert solution.finished.all()
+        experts.check_paths(grid, solution.paths, goals, solution.finished)
+        assert len(solution.paths) - 1 <= 12
 
 
 def test_a_pushed_agent_gives_way_rather_than_walking_ahead_of_its_pusher():

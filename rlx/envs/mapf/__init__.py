@@ -40,8 +40,9 @@ def make_mapf(layout: str = "random", num_agents: int = 16, obs_radius: int = 5,
     (``pibt``, ``pibt_by_index``: ties broken by agent index as ``map_priority`` shows them,
     ``pibt_swap`` and ``pibt_swap_by_index``: with PIBT's swap operation, ``pibt_swap_noise``: the latter
     choosing among equally good moves by the ``tie_noise`` numbers that ``map_noise`` shows, ``pibt_swap_defer``:
-    the latter keeping agents off goals that would shut others out of a pocket (``map_defer``), ``pibt_swap_route``:
-    the latter routing agents round resting ones and pushed agents out of their pusher's way (``map_route``),
+    the latter keeping agents off goals that would shut others out of a pocket (``map_defer``), ``pibt_swap_detour``:
+    the latter routing agents round resting ones (``map_route``), ``pibt_swap_route``: that one with pushed agents
+    stepping out of their pusher's way (a rule ``map_route`` does not show),
     ``prioritized`` or ``lacam``) solves every instance and keeps the joint
     actions in the pool, for imitation; solutions are cached on disk.
     """

@@ -585,6 +585,14 @@ def pibt_swap_defer(blocked, starts, goals, max_steps: int, seed: int = 0) -> So
     return pibt(blocked, starts, goals, max_steps, seed, tiebreak="index", swap=True, move_noise=True, defer=True)
 
 
+def pibt_swap_detour(blocked, starts, goals, max_steps: int, seed: int = 0) -> Solution:
+    """``pibt_swap_defer`` in which agents off their goals plan around agents resting on theirs
+    (``routed_distances``): ``pibt_swap_route`` without its give-way rule, so that everything it decides by
+    is on ``map_route``'s planes."""
+    return pibt(blocked, starts, goals, max_steps, seed, tiebreak="index", swap=True, move_noise=True, defer=True,
+                route=True)
+
+
 def pibt_swap_route(blocked, starts, goals, max_steps: int, seed: int = 0) -> Solution:
     """``pibt_swap_defer`` in which agents off their goals plan around agents resting on theirs
     (``routed_distances``) and pushed agents step out of their pusher's way (``pibt_step``'s ``give_way``):
@@ -595,12 +603,14 @@ def pibt_swap_route(blocked, starts, goals, max_steps: int, seed: int = 0) -> So
 
 SOLVERS = {"pibt": pibt, "pibt_by_index": pibt_by_index, "pibt_swap": pibt_swap,
            "pibt_swap_by_index": pibt_swap_by_index, "pibt_swap_noise": pibt_swap_noise,
-           "pibt_swap_defer": pibt_swap_defer, "pibt_swap_route": pibt_swap_route,
+           "pibt_swap_defer": pibt_swap_defer, "pibt_swap_detour": pibt_swap_detour,
+           "pibt_swap_route": pibt_swap_route,
            "prioritized": prioritized_planning, "lacam": lacam}
 # the teachers whose single steps DAgger can ask for (``dagger.pibt_labels``): index tie-breaks, swap or not
 STEPWISE_TEACHERS = {"pibt_by_index": dict(swap=False), "pibt_swap_by_index": dict(swap=True),
                      "pibt_swap_noise": dict(swap=True, move_noise=True),
                      "pibt_swap_defer": dict(swap=True, move_noise=True, defer=True),
+                     "pibt_swap_detour": dict(swap=True, move_noise=True, defer=True, route=True),
                      "pibt_swap_route": dict(swap=True, move_noise=True, defer=True, give_way=True, route=True)}
 
 
