@@ -558,9 +558,29 @@ def prioritized_planning(blocked: np.ndarray, starts: np.ndarray, goals: np.ndar
 
 # -- expert data in bulk ---------------------------------------------------------------------------------
 
-def pibt_by_index(blocked, starts, goals, max_steps: int, seed: int = 0) -> Solution:
-    """PIBT with ties broken by agent index: the teacher whose priorities ``map_priority`` planes show."""
-    return pibt(blocked, starts, goals, max_steps, seed, tiebreak="index")
+# The teachers of the map policy: PIBT with ties broken by agent index (the order ``soft`` collisions award
+# contested cells in) and these ``pibt`` options. Each is a whole-instance solver in ``SOLVERS`` and, one
+# joint step at a time, the labeller DAgger asks (``dagger.pibt_labels``): one table serves both.
+STEPWISE_TEACHERS = {
+    "pibt_by_index": dict(),
+    "pibt_swap_by_index": dict(swap=True),
+    "pibt_swap_noise": dict(swap=True, move_noise=True),
+    "pibt_swap_defer": dict(swap=True, move_noise=True, defer=True),
+    "pibt_swap_detour": dict(swap=True, move_noise=True, defer=True, route=True),
+    "pibt_swap_route": dict(swap=True, move_noise=True, defer=True, give_way=True, route=True),
+}
+
+
+def _index_teacher(name: str, doc: str):
+    """The whole-instance solver of teacher ``name``: ``pibt`` with index tie-breaks and its table options."""
+    options = STEPWISE_TEACHERS[name]
+
+    def solve(blocked, starts, goals, max_steps: int, seed: int = 0) -> Solution:
+        return pibt(blocked, starts, goals, max_steps, seed, tiebreak="index", **options)
+
+    solve.__name__ = solve.__qualname__ = name
+    solve.__doc__ = doc
+    return solve
 
 
 def pibt_swap(blocked, starts, goals, max_steps: int, seed: int = 0) -> Solution:
@@ -568,50 +588,30 @@ def pibt_swap(blocked, starts, goals, max_steps: int, seed: int = 0) -> Solution
     return pibt(blocked, starts, goals, max_steps, seed, swap=True)
 
 
-def pibt_swap_by_index(blocked, starts, goals, max_steps: int, seed: int = 0) -> Solution:
-    """``pibt_swap`` with ties broken by agent index (as ``pibt_by_index``): the map policy's teacher."""
-    return pibt(blocked, starts, goals, max_steps, seed, tiebreak="index", swap=True)
+pibt_by_index = _index_teacher(
+    "pibt_by_index", "PIBT with ties broken by agent index: the teacher whose priorities ``map_priority`` "
+    "planes show.")
+pibt_swap_by_index = _index_teacher(
+    "pibt_swap_by_index", "``pibt_swap`` with ties broken by agent index (as ``pibt_by_index``).")
+pibt_swap_noise = _index_teacher(
+    "pibt_swap_noise", "``pibt_swap_by_index`` choosing among equally good moves by the shared ``tie_noise`` "
+    "numbers, which ``map_noise`` observations show: random moves the policy can still predict.")
+pibt_swap_defer = _index_teacher(
+    "pibt_swap_defer", "``pibt_swap_noise`` in which agents keep off goals that would shut others out of a "
+    "pocket until those are in (``deferred``), with the lowest priority meanwhile: far fewer livelocks at dead "
+    "ends. The map policy's teacher.")
+pibt_swap_detour = _index_teacher(
+    "pibt_swap_detour", "``pibt_swap_defer`` in which agents off their goals plan around agents resting on "
+    "theirs (``routed_distances``): ``pibt_swap_route`` without its give-way rule, so that everything it "
+    "decides by is on ``map_route``'s planes.")
+pibt_swap_route = _index_teacher(
+    "pibt_swap_route", "``pibt_swap_defer`` in which agents off their goals plan around agents resting on "
+    "theirs (``routed_distances``) and pushed agents step out of their pusher's way (``pibt_step``'s "
+    "``give_way``): far fewer livelocks in corridors open at both ends, where ``deferred`` does not reach.")
 
-
-def pibt_swap_noise(blocked, starts, goals, max_steps: int, seed: int = 0) -> Solution:
-    """``pibt_swap_by_index`` choosing among equally good moves by the shared ``tie_noise`` numbers, which
-    ``map_noise`` observations show: random moves the policy can still predict."""
-    return pibt(blocked, starts, goals, max_steps, seed, tiebreak="index", swap=True, move_noise=True)
-
-
-def pibt_swap_defer(blocked, starts, goals, max_steps: int, seed: int = 0) -> Solution:
-    """``pibt_swap_noise`` in which agents keep off goals that would shut others out of a pocket until those
-    are in (``deferred``), with the lowest priority meanwhile: far fewer livelocks at dead ends."""
-    return pibt(blocked, starts, goals, max_steps, seed, tiebreak="index", swap=True, move_noise=True, defer=True)
-
-
-def pibt_swap_detour(blocked, starts, goals, max_steps: int, seed: int = 0) -> Solution:
-    """``pibt_swap_defer`` in which agents off their goals plan around agents resting on theirs
-    (``routed_distances``): ``pibt_swap_route`` without its give-way rule, so that everything it decides by
-    is on ``map_route``'s planes."""
-    return pibt(blocked, starts, goals, max_steps, seed, tiebreak="index", swap=True, move_noise=True, defer=True,
-                route=True)
-
-
-def pibt_swap_route(blocked, starts, goals, max_steps: int, seed: int = 0) -> Solution:
-    """``pibt_swap_defer`` in which agents off their goals plan around agents resting on theirs
-    (``routed_distances``) and pushed agents step out of their pusher's way (``pibt_step``'s ``give_way``):
-    far fewer livelocks in corridors open at both ends, where ``deferred`` does not reach."""
-    return pibt(blocked, starts, goals, max_steps, seed, tiebreak="index", swap=True, move_noise=True, defer=True,
-                give_way=True, route=True)
-
-
-SOLVERS = {"pibt": pibt, "pibt_by_index": pibt_by_index, "pibt_swap": pibt_swap,
-           "pibt_swap_by_index": pibt_swap_by_index, "pibt_swap_noise": pibt_swap_noise,
-           "pibt_swap_defer": pibt_swap_defer, "pibt_swap_detour": pibt_swap_detour,
-           "pibt_swap_route": pibt_swap_route,
+SOLVERS = {"pibt": pibt, "pibt_swap": pibt_swap,
+           **{name: globals()[name] for name in STEPWISE_TEACHERS},
            "prioritized": prioritized_planning, "lacam": lacam}
-# the teachers whose single steps DAgger can ask for (``dagger.pibt_labels``): index tie-breaks, swap or not
-STEPWISE_TEACHERS = {"pibt_by_index": dict(swap=False), "pibt_swap_by_index": dict(swap=True),
-                     "pibt_swap_noise": dict(swap=True, move_noise=True),
-                     "pibt_swap_defer": dict(swap=True, move_noise=True, defer=True),
-                     "pibt_swap_detour": dict(swap=True, move_noise=True, defer=True, route=True),
-                     "pibt_swap_route": dict(swap=True, move_noise=True, defer=True, give_way=True, route=True)}
 
 
 def _solve(args):
