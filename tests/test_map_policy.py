@@ -42,7 +42,7 @@ def coin_flip_pool(count: int, key) -> mp.ToyParams:
 
 
 @pytest.mark.parametrize("rounds, lowest, highest", [(1, 0.35, 0.65), (2, 0.9, 1.0)])
-def test_rounds_let_agents_coordinate_where_independent_choices_cannot(rounds, lowest, highest):
+def test_rounds_let_agents_coordinate_where_independent_choices_cannot(rounds, lowest, highest, optimised):
     env = mp.ToyGrid(num_agents=2)
     params = coin_flip_pool(256, jax.random.PRNGKey(0))
     config = mp.Config(total_timesteps=64 * 300, num_envs=64, num_steps=1, samples_per_episode=1,
@@ -227,7 +227,7 @@ class RecordedPool:
     committed_actions: jax.Array  # [M, T, n], -1: not committed
 
 
-def test_policy_learns_to_answer_commitments_its_expert_never_makes():
+def test_policy_learns_to_answer_commitments_its_expert_never_makes(optimised):
     """The expert moves one of two agents right. Half the entries record agent 0 committed to "up", a move the
     expert never makes (its own label there: none), and label agent 1 "down". Trained with the records, the
     policy answers agent 0's "up" with "down" and its "right" with a wait; with the same labels but no records

@@ -14,6 +14,12 @@ from rlx.envs.mapf import dagger, evaluation, experts, first_goal_distances, ins
 from rlx.envs.mapf.env import MAP_CHANNELS, PRIORITY_CHANNELS, MapfEnv, goal_pockets
 
 
+def compiled(env):
+    """``env``'s ``step_env``, ``waiting_steps`` and ``deferred`` compiled once: the tests below replay many
+    steps one at a time from Python, where each eager call would dispatch dozens of small programs."""
+    return jax.jit(env.step_env), jax.jit(env.waiting_steps), jax.jit(env.deferred)
+
+
 def small_pool(agents=10, maps=3, horizon=40, seed=3):
     drawn = instances.random_instances(maps, agents, seed=seed, size=(9, 11))
     pool = instances.from_instances(drawn, horizon, num_agents=agents, shape=(11, 11))
@@ -28,18 +34,19 @@ def test_priority_planes_show_pibts_priorities_along_its_own_paths():
     drawn, solutions, pool = small_pool(agents=12)
     env = MapfEnv(12, 2, "soft", "nothing", pool, observation="map_priority")
     assert env.observation_space(pool).shape == (11, 11, MAP_CHANNELS + PRIORITY_CHANNELS + 1)
+    step, waiting_steps, _ = compiled(env)
     for m, ((_, _, goals), solution) in enumerate(zip(drawn, solutions)):
         obs, state = env.reset_to(m, jax.random.PRNGKey(0), pool)
         assert obs.shape == (12, 11, 11, MAP_CHANNELS + PRIORITY_CHANNELS + 1)
         priority = experts.tiebreakers(12, "index", None)
         for t, actions in enumerate(solution.actions):
             priority = experts.raise_priorities(priority, solution.paths[t], goals)
-            np.testing.assert_array_equal(np.floor(priority), env.waiting_steps(state))
+            np.testing.assert_array_equal(np.floor(priority), waiting_steps(state))
             rows, cols = solution.paths[t].T
-            planes = np.asarray(obs[0, rows, cols, MAP_CHANNELS:MAP_CHANNELS + PRIORITY_CHANNELS])
+            planes = np.asarray(obs[0])[rows, cols, MAP_CHANNELS:MAP_CHANNELS + PRIORITY_CHANNELS]
             np.testing.assert_allclose(planes[:, 0], np.minimum(np.floor(priority) / 40, 1), atol=1e-6)
             np.testing.assert_allclose(planes[:, 1], priority % 1, atol=1e-6)
-            obs, state, *_ = env.step_env(jax.random.PRNGKey(t), state, jnp.asarray(actions), pool)
+            obs, state, *_ = step(jax.random.PRNGKey(t), state, jnp.asarray(actions), pool)
 
 
 def test_dagger_labels_are_conflict_free_pibt_steps_and_replay_reaches_the_learners_states():
@@ -61,10 +68,10 @@ def test_dagger_labels_are_conflict_free_pibt_steps_and_replay_reaches_the_learn
     np.testing.assert_array_equal(bigger.expert_actions[3:], labels)
     config = map_policy.Config(num_envs=2, num_steps=40, samples_per_episode=4, channels=(8,), total_timesteps=80)
     agent = map_policy.make(config, env, bigger)
-    _, cells, _, replayed_labels = agent.replay(4, jax.random.PRNGKey(1))  # entry 4: the learner's episode on map 1
+    _, cells, _, replayed_labels = jax.jit(agent.replay)(4, jax.random.PRNGKey(1))  # the learner's episode on map 1
     np.testing.assert_array_equal(cells, episodes["positions"][1, ..., 0] * 11 + episodes["positions"][1, ..., 1])
     np.testing.assert_array_equal(replayed_labels, labels[1])
-    _, metrics = agent.update(agent.init(jax.random.PRNGKey(2)))
+    _, metrics = jax.jit(agent.update)(agent.init(jax.random.PRNGKey(2)))
     assert np.isfinite(metrics["loss"])
 
 
@@ -223,15 +230,17 @@ def test_noise_teacher_is_a_function_of_the_map_noise_observation():
     assert env.observation_space(pool).shape == (11, 11, MAP_CHANNELS + PRIORITY_CHANNELS + 2)
     episodes = {"positions": np.zeros((3, 40, 12, 2), np.int64), "waiting": np.zeros((3, 40, 12), np.int64)}
 
+    step, waiting_steps, _ = compiled(env)
     for m, ((grid, starts, _), solution) in enumerate(zip(drawn, solutions)):
         obs, state = env.reset_to(m, jax.random.PRNGKey(0), pool)
         seed = tie_noise.instance_seed(starts, np.ones(12, bool))
         for t in range(40):
             height, width = grid.shape
-            np.testing.assert_array_equal(obs[0, :height, :width, -2], tie_noise.noise_grid(seed, t, height, width))
+            np.testing.assert_array_equal(np.asarray(obs[0])[:height, :width, -2],
+                                          tie_noise.noise_grid(seed, t, height, width))
             episodes["positions"][m, t] = state.positions
-            episodes["waiting"][m, t] = env.waiting_steps(state)
-            obs, state, *_ = env.step_env(jax.random.PRNGKey(t), state, jnp.asarray(actions[m, t]), pool)
+            episodes["waiting"][m, t] = waiting_steps(state)
+            obs, state, *_ = step(jax.random.PRNGKey(t), state, jnp.asarray(actions[m, t]), pool)
     labels = dagger.pibt_labels(pool, np.arange(3), episodes["positions"], episodes["waiting"],
                                 **experts.STEPWISE_TEACHERS["pibt_swap_noise"])
     np.testing.assert_array_equal(labels, actions)
@@ -282,6 +291,7 @@ def test_teacher_is_a_function_of_its_observation(teacher, observation, weaker):
     episodes = {"positions": np.zeros((4, horizon, n, 2), np.int64), "waiting": np.zeros((4, horizon, n), np.int64)}
     route = observation == "map_route"
     deferred_steps = routed_moves = 0
+    step, waiting_steps, env_deferred = compiled(env)
     for m, ((grid, _, goals), solution) in enumerate(zip(drawn, solutions)):
         plain = [experts.distances_to(grid, goal) for goal in goals]
         pockets = np.stack([experts.goal_pocket(grid, goal) for goal in goals])
@@ -291,24 +301,25 @@ def test_teacher_is_a_function_of_its_observation(teacher, observation, weaker):
         for t in range(horizon):
             here = np.asarray(state.positions)
             keep_off = experts.deferred(pockets, goals, here)
-            np.testing.assert_array_equal(np.asarray(env.deferred(state, pool)), keep_off)
+            np.testing.assert_array_equal(np.asarray(env_deferred(state, pool)), keep_off)
             if t < len(solution.actions):
                 priority = experts.raise_priorities(priority, here, goals)
                 priority = np.where(keep_off, priority % 1, priority)  # as the teacher ranks deferred agents
-                np.testing.assert_array_equal(np.floor(priority), env.waiting_steps(state))
+                np.testing.assert_array_equal(np.floor(priority), waiting_steps(state))
             fields = experts.planning_fields(grid, goals, here, plain, away, keep_off, route)
             deferred_steps += int(keep_off.sum())
+            planes = np.asarray(obs[0])
             for i in range(n):
                 r, c = here[i]
                 for k, (dr, dc) in enumerate(experts.MOVES[1:]):
                     inside = 0 <= r + dr < grid.shape[0] and 0 <= c + dc < grid.shape[1] and not grid[r + dr, c + dc]
                     expected = np.sign(fields[i][r + dr, c + dc] - fields[i][r, c]) if inside else 1
-                    assert obs[0, r, c, 3 + k] == expected
+                    assert planes[r, c, 3 + k] == expected
                     plain_sign = np.sign(plain[i][r + dr, c + dc] - plain[i][r, c]) if inside else 1
                     routed_moves += int(not keep_off[i] and expected != plain_sign)
             episodes["positions"][m, t] = here
-            episodes["waiting"][m, t] = env.waiting_steps(state)
-            obs, state, *_ = env.step_env(jax.random.PRNGKey(t), state, jnp.asarray(actions[m, t]), pool)
+            episodes["waiting"][m, t] = waiting_steps(state)
+            obs, state, *_ = step(jax.random.PRNGKey(t), state, jnp.asarray(actions[m, t]), pool)
     assert deferred_steps >= 10
     assert (routed_moves >= 10) == route  # the routed planes differ from the plain ones only with map_route
     labels = dagger.pibt_labels(pool, np.arange(4), episodes["positions"], episodes["waiting"],
@@ -336,6 +347,8 @@ def test_rank_planes_compare_neighbours_by_the_teachers_priorities():
     assert env.observation_space(pool).shape == (11, 11, rank + 4 + 1)
     assert env.move_planes == (3, rank)
     seen = {1: 0, -1: 0}
+    step, _, _ = compiled(env)
+    defer_observations = jax.jit(defer_env.observations)
     for m, ((grid, _, goals), solution) in enumerate(zip(drawn, solutions)):
         pockets = np.stack([experts.goal_pocket(grid, goal) for goal in goals])
         priority = experts.tiebreakers(n, "index", None)
@@ -345,16 +358,17 @@ def test_rank_planes_compare_neighbours_by_the_teachers_priorities():
             priority = experts.raise_priorities(priority, here, goals)
             priority = np.where(experts.deferred(pockets, goals, here), priority % 1, priority)
             occupant = {tuple(cell): i for i, cell in enumerate(here)}
+            planes = np.asarray(obs[0])
             for i, (r, c) in enumerate(here):
                 for k, (dr, dc) in enumerate(experts.MOVES[1:]):
                     j = occupant.get((r + dr, c + dc))
                     expected = 0 if j is None else (1 if priority[j] > priority[i] else -1)
-                    assert obs[0, r, c, rank + k] == expected, (m, t, i, k)
+                    assert planes[r, c, rank + k] == expected, (m, t, i, k)
                     seen[expected] = seen.get(expected, 0) + 1
-            defer_obs = defer_env.observations(state, pool)
+            defer_obs = defer_observations(state, pool)
             np.testing.assert_array_equal(np.asarray(obs[..., :rank]), np.asarray(defer_obs[..., :rank]))
             np.testing.assert_array_equal(np.asarray(obs[..., -1]), np.asarray(defer_obs[..., -1]))
-            obs, state, *_ = env.step_env(jax.random.PRNGKey(t), state, jnp.asarray(actions[m, t]), pool)
+            obs, state, *_ = step(jax.random.PRNGKey(t), state, jnp.asarray(actions[m, t]), pool)
     assert seen[1] == seen[-1] >= 100  # every adjacent pair counted once each way, and there were many
 
 

@@ -302,15 +302,17 @@ def test_map_planes_turn_with_the_map(symmetry, observation):
     noise = MAP_CHANNELS + PRIORITY_CHANNELS
     key = jax.random.PRNGKey(0)
     (obs, state), (turned_obs, turned_state) = env.reset_to(0, key, pool), env.reset_to(1, key, pool)
+    step = jax.jit(env.step_env)  # compiled once: eager steps dispatch dozens of small programs each
+    transform = jax.jit(lambda planes, cells: mp.transform_sample(symmetry, planes, cells, jnp.zeros(n, jnp.int32),
+                                                                  env.move_planes))
     for t in range(12):
         planes, me = obs[0, ..., :-1], obs[..., -1]
         cells = jnp.argmax(me.reshape(n, -1), -1)
-        expected, expected_cells, _ = mp.transform_sample(symmetry, planes, cells, jnp.zeros(n, jnp.int32),
-                                                          env.move_planes)
+        expected, expected_cells, _ = transform(planes, cells)
         keep = [c for c in range(planes.shape[-1]) if c != noise]
         np.testing.assert_array_equal(np.asarray(turned_obs[0])[..., keep], np.asarray(expected)[..., keep],
                                       err_msg=f"step {t}")
         np.testing.assert_array_equal(np.argmax(turned_obs[..., -1].reshape(n, -1), -1), expected_cells)
         actions = rng.integers(0, 5, n)
-        obs, state, *_ = env.step_env(key, state, jnp.asarray(actions), pool)
-        turned_obs, turned_state, *_ = env.step_env(key, turned_state, jnp.asarray(permutation[actions]), pool)
+        obs, state, *_ = step(key, state, jnp.asarray(actions), pool)
+        turned_obs, turned_state, *_ = step(key, turned_state, jnp.asarray(permutation[actions]), pool)

@@ -238,8 +238,9 @@ def test_pibt_moves_execute_unchanged_in_the_environment():
     pool = instances.from_instances([(grid, starts, goals)], max_steps_in_episode=64)
     env = MapfEnv(12, 2, "soft", "nothing", pool)
     _, state = env.reset_to(0, jax.random.PRNGKey(0), pool)
+    step = jax.jit(env.step_env)  # compiled once: an eager step dispatches dozens of small programs
     for t, actions in enumerate(solution.actions):
-        _, state, _, terminated, info = env.step_env(jax.random.PRNGKey(t), state, jnp.asarray(actions), pool)
+        _, state, _, terminated, info = step(jax.random.PRNGKey(t), state, jnp.asarray(actions), pool)
         np.testing.assert_array_equal(state.positions, solution.paths[t + 1])
     assert terminated.all() and float(info["csr"]) == 1.0
     assert float(info["makespan"]) == len(solution.actions)
@@ -347,9 +348,10 @@ def test_shielded_actions_replay_unchanged_in_the_environment():
     uniform = lambda obs: jnp.zeros(obs.shape[:2] + (5,))  # noqa: E731  (Gumbel noise alone: random rankings)
     actions = evaluation.shielded_actions(env, pool, drawn, uniform, seed=1)
     assert actions.shape == (3, 12, 6) and (actions != 0).any()
+    step = jax.jit(env.step_env)
     for m in range(3):
         _, state = env.reset_to(m, jax.random.PRNGKey(0), pool)
         for t in range(12):
             before = np.asarray(state.positions)
-            _, state, _, _, _ = env.step_env(jax.random.PRNGKey(t), state, jnp.asarray(actions[m, t]), pool)
+            _, state, _, _, _ = step(jax.random.PRNGKey(t), state, jnp.asarray(actions[m, t]), pool)
             np.testing.assert_array_equal(state.positions, before + experts.MOVES[actions[m, t]])
