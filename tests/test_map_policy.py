@@ -282,10 +282,11 @@ def test_messages_ignore_agent_order_and_agents_without_a_cell():
     planes, me, _, _ = two_agent_maps(jax.random.PRNGKey(0), 4)
     net = mp.FullyConvolutional((8, 8), message_heads=2)
     params = with_random_message_output(net.init(jax.random.PRNGKey(1), planes, me), jax.random.PRNGKey(2))
-    out = net.apply(params, planes, me)
+    apply = jax.jit(net.apply)
+    out = apply(params, planes, me)
     padded = jnp.concatenate([me[:, ::-1], jnp.zeros_like(me[:, :1])], 1)  # swapped, and a third agent off the map
-    np.testing.assert_allclose(net.apply(params, planes, padded), out, atol=1e-5)
-    without_second = net.apply(params, planes, me.at[:, 1].set(0.0))
+    np.testing.assert_allclose(apply(params, planes, padded), out, atol=1e-5)
+    without_second = apply(params, planes, me.at[:, 1].set(0.0))
     assert float(jnp.max(jnp.abs(without_second - out))) > 1e-3  # the other agent's message did matter
 
 
