@@ -45,8 +45,8 @@ def test_four_devices_split_padded_seeds_like_one_device_and_the_checkpoint_relo
     one = train(tmp_path / "one", "run.num_seeds=6", devices=1)
     four = train(tmp_path / "four", "run.num_seeds=6", devices=4)
     assert one[0]["devices"] == "1 device (cpu)"
-    assert four[0]["devices"] == ("4 devices: seeds split 6 / 4, padded to 8 with copies of the first 2 "
-                                  "(their results are dropped)")
+    assert four[0]["devices"] == ("4 devices: 6 seeds padded to 8 with copies of the first 2 "
+                                  "(their results are dropped), 2 on each")
     assert len(four[0]["final_eval"]["return_per_seed"]) == 6 and all(len(r["loss"]) == 6 for r in four[1])
     assert_same_training(one, four)
     from rlx.evaluate import evaluate_run
@@ -60,7 +60,7 @@ def test_four_devices_split_sweep_points_like_one_device(tmp_path):
     args = ["run.num_seeds=2", "sweep.algo.lr=[1e-3,2e-3,3e-3,4e-3]"]
     one = train(tmp_path / "one", *args, devices=1)
     four = train(tmp_path / "four", *args, devices=4)
-    assert one[0]["devices"] == "1 device (cpu)" and four[0]["devices"] == "4 devices: sweep points split 4 / 4"
+    assert one[0]["devices"] == "1 device (cpu)" and four[0]["devices"] == "4 devices: 4 sweep points, 1 on each"
     assert_same_training(one, four)
 
 

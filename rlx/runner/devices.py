@@ -67,11 +67,11 @@ def explain(layout: Layout, num_seeds: int, grid_size: int) -> str:
     """One line for the console about where the run executes."""
     count = jax.device_count()
     if layout.run_seeds:
-        return (f"{count} devices: seeds split {num_seeds} / {count}, padded to {layout.run_seeds} with copies "
-                f"of the first {layout.run_seeds - num_seeds} (their results are dropped)")
+        return (f"{count} devices: {num_seeds} seeds padded to {layout.run_seeds} with copies of the first "
+                f"{layout.run_seeds - num_seeds} (their results are dropped), {layout.run_seeds // count} on each")
     if layout.active:
-        what = "sweep points" if layout.split_grid else "seeds"
-        return f"{count} devices: {what} split {num_seeds if not layout.split_grid else grid_size} / {count}"
+        what, total = ("sweep points", grid_size) if layout.split_grid else ("seeds", num_seeds)
+        return f"{count} devices: {total} {what}, {total // count} on each"
     if count > 1:
         return (f"{count} devices, but num_seeds={num_seeds} and the {grid_size} sweep point(s) do not split evenly: "
                 f"running on one device")
