@@ -88,3 +88,28 @@ def test_finished_run_checkpoints_its_last_update(tmp_path):
     state, progress = checkpoints.load_raw(tmp_path)
     assert progress["updates_done"] == 12 and state["counter"].tolist() == [12.0, 12.0]
     assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()) == [9, 12]  # keeps the last two
+
+
+def test_progress_in_a_log_file_is_plain_full_lines_at_most_every_log_every_seconds(monkeypatch):
+    """Not on a terminal (a job's log, CI), the progress view prints whole lines, never cut to the console's
+    width: the first update at once, later ones only after ``log_every`` seconds, and the last on close."""
+    import io
+
+    from rich.console import Console
+
+    from rlx.runner import console as console_module
+
+    clock = iter([0.0, 0.0, 5.0, 11.0, 12.0, 13.0])
+    monkeypatch.setattr(console_module.time, "monotonic", lambda: next(clock))
+    written = io.StringIO()
+    view = console_module.ProgressView("a_long_experiment_name", 4096, console=Console(file=written, width=30),
+                                       log_every=10.0)
+    view.update(1024, 1500.0, "train", [1.0, 3.0])  # t=0: printed
+    view.update(2048, 1600.0, "train", [2.0, 4.0])  # t=5: held back
+    view.update(3072, 1700.0, "eval", [3.0, 5.0])  # t=11: printed
+    view.update(4096, 1800.0, "eval", [6.0, 8.0])  # t=12: held back until close
+    view.close()  # t=13
+    lines = written.getvalue().splitlines()
+    assert lines == ["a_long_experiment_name 1,024/4,096 steps  1,500 steps/s  train 2.0 [1.0, 3.0]  0:00:00",
+                     "a_long_experiment_name 3,072/4,096 steps  1,700 steps/s  eval 4.0 [3.0, 5.0]  0:00:11",
+                     "a_long_experiment_name 4,096/4,096 steps  1,800 steps/s  eval 7.0 [6.0, 8.0]  0:00:13"]
