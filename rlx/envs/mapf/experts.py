@@ -610,7 +610,8 @@ pibt_swap_route = _index_teacher(
     "``give_way``): far fewer livelocks in corridors open at both ends, where ``deferred`` does not reach.")
 
 SOLVERS = {"pibt": pibt, "pibt_swap": pibt_swap,
-           **{name: globals()[name] for name in STEPWISE_TEACHERS},
+           **{teacher.__name__: teacher for teacher in (pibt_by_index, pibt_swap_by_index, pibt_swap_noise,
+                                                        pibt_swap_defer, pibt_swap_detour, pibt_swap_route)},
            "prioritized": prioritized_planning, "lacam": lacam}
 
 
