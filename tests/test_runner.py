@@ -113,3 +113,7 @@ def test_progress_in_a_log_file_is_plain_full_lines_at_most_every_log_every_seco
     assert lines == ["a_long_experiment_name 1,024/4,096 steps  1,500 steps/s  train 2.0 [1.0, 3.0]  0:00:00",
                      "a_long_experiment_name 3,072/4,096 steps  1,700 steps/s  eval 4.0 [3.0, 5.0]  0:00:11",
                      "a_long_experiment_name 4,096/4,096 steps  1,800 steps/s  eval 7.0 [6.0, 8.0]  0:00:13"]
+    monkeypatch.setattr(console_module.time, "monotonic", lambda: 0.0)
+    on_terminal = console_module.ProgressView("run", 10, console=Console(file=io.StringIO(), force_terminal=True))
+    assert on_terminal.live and not view.live  # a terminal gets the bar that redraws in place
+    on_terminal.close()

@@ -1,6 +1,6 @@
 """The console view of a run: a rich progress bar with throughput and returns over seeds.
 
-On a terminal the bar redraws in place. Written to a file or a pipe (a cluster job's log, CI), a bar
+On a terminal (or in a notebook) the bar redraws in place. Written to a file or a pipe (a cluster job's log, CI), a bar
 would be drawn once, cut to 80 columns; there the view prints one plain line per ``log_every`` seconds
 instead (and the last state when the run ends), so the log keeps every field in full.
 """
@@ -23,7 +23,7 @@ class ProgressView:
         self.title, self.total_steps, self.log_every = title, total_steps, log_every
         self.started = time.monotonic()
         self.last_logged = self.pending = None
-        if not enabled or not self.console.is_terminal:
+        if not self.live:
             return
         self.progress = Progress(
             TextColumn("[bold]{task.description}"),
@@ -41,7 +41,8 @@ class ProgressView:
 
     @property
     def live(self) -> bool:
-        return self.enabled and self.console.is_terminal
+        """Whether the bar redraws in place: on a terminal or in a notebook, not in a file or a pipe."""
+        return self.enabled and (self.console.is_terminal or self.console.is_jupyter)
 
     def update(self, env_steps: int, steps_per_second: float, label: str, returns) -> None:
         if not self.enabled:
