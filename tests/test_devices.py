@@ -82,6 +82,9 @@ def test_seeds_that_do_not_split_evenly_are_padded_and_a_lone_seed_stays_on_one_
     monkeypatch.setattr(devices.jax, "device_count", lambda: 4)
     assert devices.explain(lone, 1, 3) == (
         "4 devices, but num_seeds=1 and the 3 sweep point(s) do not split evenly: running on one device")
+    alone = devices.plan(1, 1, False, four)
+    assert not alone.active
+    assert devices.explain(alone, 1, 1) == "4 devices, one seed and no sweep: running on one device"
 
 
 def test_cpu_devices_default_uses_every_core(tmp_path, monkeypatch):

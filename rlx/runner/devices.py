@@ -72,6 +72,8 @@ def explain(layout: Layout, num_seeds: int, grid_size: int) -> str:
     if layout.active:
         what, total = ("sweep points", grid_size) if layout.split_grid else ("seeds", num_seeds)
         return f"{count} devices: {total} {what}, {total // count} on each"
+    if count > 1 and num_seeds == grid_size == 1:
+        return f"{count} devices, one seed and no sweep: running on one device"
     if count > 1:
         return (f"{count} devices, but num_seeds={num_seeds} and the {grid_size} sweep point(s) do not split evenly: "
                 f"running on one device")
