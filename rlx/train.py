@@ -171,7 +171,8 @@ def execute(cfg, run_dir: Path, imported_seconds: float) -> dict:
                            if name.endswith("_mean") and name != "return_mean")  # e.g. ", won 85%"
         print(
             f"{title}: eval return {final['return_mean']:.1f} ± {final['return_std']:.1f}{outcomes} over "
-            f"{settings.num_seeds} seeds after {summary['env_steps_per_seed']:,} steps per seed "
+            f"{settings.num_seeds} seed{'s' if settings.num_seeds != 1 else ''} after "
+            f"{summary['env_steps_per_seed']:,} steps per seed "
             f"(import {import_seconds:.1f}s, compile {summary['compile_seconds']:.1f}s, "
             f"run {summary['run_seconds']:.1f}s) -> {run_dir}",
             file=sys.stderr,
