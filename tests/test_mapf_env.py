@@ -274,9 +274,7 @@ def test_mappo_with_the_path_channel_solves_small_unseen_instances(optimised):
                                                 config.num_updates))(jax.random.PRNGKey(0))
     unseen = make_mapf(pool_size=64, seed=2, observation="local_path", **options)
     pool = unseen.default_params
-    policy = agent.act
-    learned = evaluation.evaluate_policy(unseen, pool, lambda obs, key: policy(state.policy, obs, key),
-                                         jax.random.PRNGKey(3))
+    learned = evaluation.evaluate_policy(unseen, pool, agent.act, jax.random.PRNGKey(3), state.policy)
     random = evaluation.evaluate_policy(unseen, pool, evaluation.random_actions(4), jax.random.PRNGKey(3))
     print(f"CSR learned {learned['csr'].mean():.2f}, random {random['csr'].mean():.2f}")
     assert learned["csr"].mean() >= 0.8 and random["csr"].mean() <= 0.1

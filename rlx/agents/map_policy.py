@@ -337,13 +337,6 @@ def make(config: Config, env, env_params) -> Agent:
     behaviour = expert if behaviour is None else jnp.asarray(behaviour)
     pool_size, horizon = expert.shape[0], expert.shape[1]
     steps = min(config.num_steps, horizon)
-    # the steps worth a loss term: some agent labelled, up to the last one the expert still moves in
-    # (at least the first)
-    labelled = jnp.any(expert[:, :steps] >= 0, axis=-1)
-    moving = jnp.any(expert[:, :steps] > 0, axis=-1)
-    lengths = jnp.max(jnp.where(moving, jnp.arange(steps)[None] + 1, 0), axis=1)
-    worth = labelled & (jnp.arange(steps)[None] < jnp.maximum(lengths, 1)[:, None])
-    worth = worth.at[:, 0].set(worth[:, 0] | ~jnp.any(worth, axis=1))
     obs_spec, _ = jax.eval_shape(lambda k: env.reset_to(0, k, env_params), jax.random.PRNGKey(0))
     features = obs_spec.shape[-1] - 1
     if config.augment:
@@ -492,11 +485,21 @@ def make(config: Config, env, env_params) -> Agent:
         share = jax.random.uniform(share_key, active.shape[:1] + (1,))
         return active & (jax.random.uniform(agent_key, active.shape) < share) & (actions >= 0)
 
+    def steps_worth_a_loss(labels):
+        """``[E, T]``: the steps of episodes with expert actions ``labels [E, T, n]`` that some agent is labelled
+        in, up to the last one the expert still moves in (at least the first). Computed for the sampled
+        episodes only: over the whole pool, a constant of the program, XLA would fold it at every compile."""
+        labelled = jnp.any(labels >= 0, axis=-1)
+        moving = jnp.any(labels > 0, axis=-1)
+        lengths = jnp.max(jnp.where(moving, jnp.arange(steps)[None] + 1, 0), axis=1)
+        worth = labelled & (jnp.arange(steps)[None] < jnp.maximum(lengths, 1)[:, None])
+        return worth.at[:, 0].set(worth[:, 0] | ~jnp.any(worth, axis=1))
+
     def update(state: TrainState):
         key, pick_key, replay_key, sample_key = jax.random.split(state.key, 4)
         instances = jax.random.randint(pick_key, (config.num_envs,), 0, pool_size)
-        # sample labelled steps while the expert is still moving (at least the first)
-        picks = jax.random.categorical(sample_key, jnp.where(worth[instances], 0.0, -jnp.inf)[:, None],
+        worth = steps_worth_a_loss(expert[instances, :steps])
+        picks = jax.random.categorical(sample_key, jnp.where(worth, 0.0, -jnp.inf)[:, None],
                                        shape=(config.num_envs, config.samples_per_episode))
         batch = sampled_steps(instances, replay_key, picks)
         if config.augment:

@@ -33,23 +33,24 @@ from rlx.envs.mapf import experts, tie_noise
 from rlx.envs.mapf.env import NOISE_OBSERVATIONS, PRIORITY_OBSERVATIONS, MapfEnv, MapfParams
 
 
-def rollouts(env: MapfEnv, pool: MapfParams, act: Callable, key, instances=None) -> dict[str, np.ndarray]:
+def rollouts(env: MapfEnv, pool: MapfParams, act: Callable, key, instances=None, params=()) -> dict[str, np.ndarray]:
     """The learner's episode on each pool entry in ``instances`` (default: all): ``actions [M, T, n]`` (waits
     once all agents stand on their goals), the ``positions [M, T, n, 2]`` and ``waiting [M, T, n]`` steps in
-    which it chose them, and ``solved [M]``. ``act(obs [n, ...], key) -> actions [n]``, or ``-> (actions [n],
-    decided [n])`` with the decoding round in which each agent chose (``map_policy``'s ``decode``), which is
-    then returned too (``decided [M, T, n]``)."""
+    which it chose them, and ``solved [M]``. ``act(params, obs [n, ...], key) -> actions [n]``, or ``-> (actions
+    [n], decided [n])`` with the decoding round in which each agent chose (``map_policy``'s ``decode``), which
+    is then returned too (``decided [M, T, n]``). The pool and ``params`` are arguments of the compiled
+    program (see ``evaluation._episodes``), so DAgger's rounds share one."""
     horizon = int(pool.max_steps_in_episode)
     instances = jnp.arange(pool.blocked.shape[0]) if instances is None else jnp.asarray(instances)
 
-    def episode(instance, key):
+    def episode(pool, params, instance, key):
         reset_key, key = jax.random.split(key)
         obs, state = env.reset_to(instance, reset_key, pool)
 
         def step(carry, _):
             obs, state, over, key = carry
             key, act_key, step_key = jax.random.split(key, 3)
-            chosen = act(obs, act_key)
+            chosen = act(params, obs, act_key)
             chosen, decided = chosen if isinstance(chosen, tuple) else (chosen, jnp.zeros_like(chosen))
             actions = jnp.where(over, 0, chosen)
             record = (actions, state.positions, env.waiting_steps(state), decided)
@@ -59,8 +60,8 @@ def rollouts(env: MapfEnv, pool: MapfParams, act: Callable, key, instances=None)
         (_, _, over, _), records = jax.lax.scan(step, (obs, state, jnp.asarray(False), key), None, horizon)
         return records, over
 
-    (actions, positions, waiting, decided), solved = jax.jit(jax.vmap(episode))(
-        instances, jax.random.split(key, instances.shape[0]))
+    (actions, positions, waiting, decided), solved = jax.jit(jax.vmap(episode, in_axes=(None, None, 0, 0)))(
+        pool, params, instances, jax.random.split(key, instances.shape[0]))
     return {"actions": np.asarray(actions), "positions": np.asarray(positions), "waiting": np.asarray(waiting),
             "solved": np.asarray(solved), "decided": np.asarray(decided)}
 
@@ -353,10 +354,10 @@ def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int =
     key = jax.random.PRNGKey(seed)
     for iteration in range(1, iterations + 1):
         key, pick_key, rollout_key, train_key = jax.random.split(key, 4)
-        act = lambda obs, k, p=params: decide(module.Policy(p), obs, k)  # noqa: E731
         picks = candidates[np.asarray(jax.random.choice(pick_key, len(candidates),
                                                         (min(rollout_maps, len(candidates)),), replace=False))]
-        episodes = rollouts(env, base, act, rollout_key, picks)
+        episodes = rollouts(env, base, lambda p, obs, k: decide(module.Policy(p), obs, k), rollout_key, picks,
+                            params)
         if labeller == "lacam":
             labels = lacam_labels(base, picks, episodes["positions"], episodes["waiting"], lacam_steps, node_limit,
                                   seed=seed + iteration, move_noise=env.observation in NOISE_OBSERVATIONS)

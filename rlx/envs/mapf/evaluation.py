@@ -20,11 +20,19 @@ from rlx.envs.mapf.env import MapfEnv, MapfParams
 METRICS = ("csr", "isr", "soc", "makespan", "throughput")
 
 
-def _episodes(env: MapfEnv, pool: MapfParams, choose: Callable, key) -> dict[str, np.ndarray]:
-    """Run every pool instance once; ``choose(obs, state, t, key) -> actions [n]`` per instance."""
+def _episodes(env: MapfEnv, pool: MapfParams, choose: Callable, key, inputs=()) -> dict[str, np.ndarray]:
+    """Run every pool instance once; ``choose(inputs, obs, state, t, key) -> actions [n]`` per instance.
+
+    The pool and ``inputs`` (a policy's parameters, fixed joint actions) are
+    arguments of the compiled program, not constants in it: XLA would
+    otherwise fold their values into the program at every compile, and each
+    trained run or pool would compile a program of its own, where now runs of
+    one architecture on pools of one shape share one (from the persistent
+    compilation cache too).
+    """
     horizon = int(pool.max_steps_in_episode)
 
-    def episode(instance, key):
+    def episode(pool, inputs, instance, key):
         reset_key, key = jax.random.split(key)
         obs, state = env.reset_to(instance, reset_key, pool)
         first = {name: jnp.zeros(()) for name in METRICS}
@@ -32,7 +40,7 @@ def _episodes(env: MapfEnv, pool: MapfParams, choose: Callable, key) -> dict[str
         def step(carry, t):
             obs, state, over, final, key = carry
             key, act_key, step_key = jax.random.split(key, 3)
-            actions = choose(obs, state, t, act_key)
+            actions = choose(inputs, obs, state, t, act_key)
             obs, new_state, _, terminated, info = env.step_env(step_key, state, actions, pool)
             ends = ~over & (jnp.all(terminated) | (t + 1 >= horizon))
             final = {name: jnp.where(ends, info[name], final[name]) for name in METRICS}
@@ -44,7 +52,8 @@ def _episodes(env: MapfEnv, pool: MapfParams, choose: Callable, key) -> dict[str
         return final
 
     count = pool.blocked.shape[0]
-    results = jax.jit(jax.vmap(episode))(jnp.arange(count), jax.random.split(key, count))
+    run_all = jax.jit(jax.vmap(episode, in_axes=(None, None, 0, 0)))
+    results = run_all(pool, inputs, jnp.arange(count), jax.random.split(key, count))
     return {name: np.asarray(values) for name, values in results.items()}
 
 
@@ -54,23 +63,27 @@ def evaluate_actions(env: MapfEnv, pool: MapfParams, actions: np.ndarray) -> dic
     horizon = int(pool.max_steps_in_episode)
     if actions.shape[1] < horizon:
         actions = jnp.pad(actions, ((0, 0), (0, horizon - actions.shape[1]), (0, 0)))
-    return _episodes(env, pool, lambda obs, state, t, key: actions[state.instance, t], jax.random.PRNGKey(0))
+    return _episodes(env, pool, lambda actions, obs, state, t, key: actions[state.instance, t],
+                     jax.random.PRNGKey(0), actions)
 
 
-def evaluate_policy(env: MapfEnv, pool: MapfParams, act: Callable, key) -> dict[str, np.ndarray]:
-    """Per-instance metrics of ``act(obs [n, ...], key) -> actions [n]``."""
-    return _episodes(env, pool, lambda obs, state, t, k: act(obs, k), key)
+def evaluate_policy(env: MapfEnv, pool: MapfParams, act: Callable, key, params=()) -> dict[str, np.ndarray]:
+    """Per-instance metrics of ``act(params, obs [n, ...], key) -> actions [n]``; ``params`` (e.g. a trained
+    policy's) enter the compiled program as an argument."""
+    return _episodes(env, pool, lambda params, obs, state, t, k: act(params, obs, k), key, params)
 
 
 def random_actions(num_agents: int) -> Callable:
-    return lambda obs, key: jax.random.randint(key, (num_agents,), 0, 5)
+    """``act(params, obs, key)``: uniform random moves (``params`` unused)."""
+    return lambda params, obs, key: jax.random.randint(key, (num_agents,), 0, 5)
 
 
 def greedy_shortest_path(num_agents: int) -> Callable:
     """Each agent takes a move that shortens its own distance to goal (ignoring everyone else), else waits.
 
-    Acts on ``observation="map"`` observations (the per-agent move signs of ``MapfEnv.map_features``)."""
-    def act(obs, key):
+    Acts on ``observation="map"`` observations (the per-agent move signs of ``MapfEnv.map_features``);
+    ``params`` unused."""
+    def act(params, obs, key):
         signs = jnp.einsum("nhw,hwc->nc", obs[..., -1], obs[0, ..., 3:7])  # [n, 4]: up, down, left, right
         best = jnp.argmin(signs, axis=-1)
         return jnp.where(jnp.min(signs, axis=-1) < 0, best + 1, 0).astype(jnp.int32)
@@ -99,9 +112,10 @@ def shielded_actions(env: MapfEnv, pool: MapfParams, drawn: list[tuple], logits:
     """
     horizon, count, n = int(pool.max_steps_in_episode), len(drawn), env.num_agents
     rng = np.random.default_rng(seed)
-    reset = jax.jit(jax.vmap(lambda i: env.reset_to(i, jax.random.PRNGKey(0), pool)))
-    step = jax.jit(jax.vmap(lambda state, actions: env.step_env(jax.random.PRNGKey(0), state, actions, pool)[:2]))
-    obs, state = reset(jnp.arange(count))
+    reset = jax.jit(jax.vmap(lambda pool, i: env.reset_to(i, jax.random.PRNGKey(0), pool), in_axes=(None, 0)))
+    step = jax.jit(jax.vmap(lambda pool, state, actions: env.step_env(jax.random.PRNGKey(0), state, actions, pool)[:2],
+                            in_axes=(None, 0, 0)))
+    obs, state = reset(pool, jnp.arange(count))
     tables = [experts.neighbour_table(grid) for grid, _, _ in drawn]
     priorities = rng.random((count, n)) / n
     actions = np.zeros((count, horizon, n), np.int32)
@@ -112,7 +126,7 @@ def shielded_actions(env: MapfEnv, pool: MapfParams, drawn: list[tuple], logits:
             position = [tuple(map(int, cell)) for cell in positions[m]]
             actions[m, t] = experts.pibt_shield(tables[m], position, goals[m], scores[m], priorities[m], rng,
                                                   swap=swap)
-        obs, state = step(state, jnp.asarray(actions[:, t]))
+        obs, state = step(pool, state, jnp.asarray(actions[:, t]))
     return actions
 
 

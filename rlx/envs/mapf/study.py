@@ -98,7 +98,8 @@ def lifelong_rows(maps: int, learned: dict[str, tuple], with_baselines: bool = T
 
 
 def trained_actors(run_dir: Path, decode_rounds: int | None = None):
-    """``({"sampled": act, "greedy": act}, run)`` for seed 0 of a finished run; ``act(obs, key) -> actions``.
+    """``({"sampled": act, "greedy": act}, policy, run)`` for seed 0 of a finished run; ``act(policy, obs, key)
+    -> actions`` (``evaluation.evaluate_policy``'s form: the parameters are an argument, not a constant).
     ``decode_rounds``: for a map policy that decodes in rounds, this many instead of its config's."""
     from rlx.runner.components import load_trained
 
@@ -109,9 +110,9 @@ def trained_actors(run_dir: Path, decode_rounds: int | None = None):
         agent = module.make(config, run.parts.env, run.parts.env_params)
     else:
         agent = run.agent(0)
-    acts = {mode: (lambda obs, key, greedy=(mode == "greedy"): agent.act(policy, obs, key, greedy))
+    acts = {mode: (lambda policy, obs, key, greedy=(mode == "greedy"): agent.act(policy, obs, key, greedy))
             for mode in ("sampled", "greedy")}
-    return acts, run
+    return acts, policy, run
 
 
 def load_learned(learned: dict[str, Path]) -> dict[str, tuple]:
@@ -125,14 +126,14 @@ def learned_metrics(loaded: dict[str, tuple], n: int, pool, drawn: list[tuple], 
     """Per-instance metrics of every loaded policy that can act with ``n`` agents: sampled, greedy and, for
     map policies, PIBT-shielded (``evaluation.shielded_actions``)."""
     rows = {}
-    for label, (acts, run) in loaded.items():
+    for label, (acts, policy, run) in loaded.items():
         observation = getattr(run.parts.env, "observation", "local")
         with_ids = getattr(run.parts.grid.configs[0], "agent_id", False) and observation not in MAP_OBSERVATIONS
         if with_ids and run.parts.env.num_agents != n:
             continue  # agent-id inputs fix the count
         env = MapfEnv(n, 5, "soft", on_target, pool, observation=observation)
         for mode, act in acts.items():
-            rows[f"{label}, {mode}"] = evaluation.evaluate_policy(env, pool, act, key)
+            rows[f"{label}, {mode}"] = evaluation.evaluate_policy(env, pool, act, key, policy)
         if observation in MAP_OBSERVATIONS:
             actions = evaluation.shielded_actions(env, pool, drawn, map_logits(run), seed=n)
             rows[f"{label} + PIBT shield (CS-PIBT)"] = evaluation.evaluate_actions(
@@ -141,9 +142,11 @@ def learned_metrics(loaded: dict[str, tuple], n: int, pool, drawn: list[tuple], 
 
 
 def map_logits(run):
-    """``obs [M, n, ...] -> logits [M, n, 5]`` of seed 0 of a trained map policy, jitted."""
-    agent, policy = run.agent(0), run.policy(0, 0)
-    return jax.jit(lambda obs: agent.logits(policy, obs))
+    """``obs [M, n, ...] -> logits [M, n, 5]`` of seed 0 of a trained map policy, jitted (its parameters an
+    argument of the program, not a constant)."""
+    logits = jax.jit(run.agent(0).logits)
+    policy = run.policy(0, 0)
+    return lambda obs: logits(policy, obs)
 
 
 def validate(run_dirs: list[Path], maps: int = 256, counts: tuple[int, ...] = (32, 64), log: Callable = print,
@@ -153,13 +156,13 @@ def validate(run_dirs: list[Path], maps: int = 256, counts: tuple[int, ...] = (3
     schedule is chosen without looking at the test maps. ``{(run_dir, n): summary}``."""
     results = {}
     for run_dir in run_dirs:
-        acts, run = trained_actors(Path(run_dir), decode_rounds)
+        acts, policy, run = trained_actors(Path(run_dir), decode_rounds)
         observation = getattr(run.parts.env, "observation", "local")
         for n in counts:
             _, pool = test_pool(n, maps, VALIDATION_SEED)
             env = MapfEnv(n, 5, "soft", "nothing", pool, observation=observation)
             summary = evaluation.summarize(evaluation.evaluate_policy(env, pool, acts["sampled"],
-                                                                      jax.random.PRNGKey(100 + n)))
+                                                                      jax.random.PRNGKey(100 + n), policy))
             results[(str(run_dir), n)] = summary
             log(f"{run_dir} N={n}: CSR {summary['csr']:.3f} ISR {summary['isr']:.3f} "
                 f"makespan {summary['makespan']:.1f} ({maps} validation maps, sampled)")
