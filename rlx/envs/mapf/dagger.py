@@ -39,7 +39,8 @@ def rollouts(env: MapfEnv, pool: MapfParams, act: Callable, key, instances=None,
     which it chose them, and ``solved [M]``. ``act(params, obs [n, ...], key) -> actions [n]``, or ``-> (actions
     [n], decided [n])`` with the decoding round in which each agent chose (``map_policy``'s ``decode``), which
     is then returned too (``decided [M, T, n]``). The pool and ``params`` are arguments of the compiled
-    program (see ``evaluation._episodes``), so DAgger's rounds share one."""
+    program, not constants in it (see ``evaluation._episodes``): DAgger's rounds make one program, which the
+    persistent compilation cache, where enabled, then finds again."""
     horizon = int(pool.max_steps_in_episode)
     instances = jnp.arange(pool.blocked.shape[0]) if instances is None else jnp.asarray(instances)
 
@@ -415,6 +416,10 @@ if __name__ == "__main__":
     parser.add_argument("--commitments", type=float, default=0.0,
                         help="share of visited steps labelled around the learner's earlier decoding rounds")
     args = parser.parse_args()
+    from rlx.runner import compile_cache
+
+    compile_cache.set_xla_flags()  # as rlx.train and rlx.reproduce: the runtime workaround and the persistent cache
+    compile_cache.enable(compile_cache.default_cache_dir())
     extra = tuple(int(n) for n in args.extra_agents.split(",") if n)
     refine(args.run_dir, args.iterations, args.updates, args.rollout_maps, extra, args.samples_per_episode,
            labeller=args.labeller, lacam_steps=args.lacam_steps, node_limit=args.node_limit,

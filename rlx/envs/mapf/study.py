@@ -370,4 +370,8 @@ if __name__ == "__main__":
     parser.add_argument("--agents", default="32,64", help="comma-separated agent counts")
     parser.add_argument("--decode-rounds", type=int, default=DECODE_ROUNDS, help="map policies' decoding rounds")
     args = parser.parse_args()
+    from rlx.runner import compile_cache
+
+    compile_cache.set_xla_flags()  # as rlx.train and rlx.reproduce: the runtime workaround and the persistent cache
+    compile_cache.enable(compile_cache.default_cache_dir())
     validate(args.run_dirs, args.maps, tuple(int(n) for n in args.agents.split(",")), decode_rounds=args.decode_rounds)
