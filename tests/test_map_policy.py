@@ -108,6 +108,26 @@ def test_decode_rounds_must_be_positive():
         mp.validate(mp.Config(decode_rounds=0))
 
 
+def test_training_samples_labelled_steps_up_to_the_experts_last_move():
+    """``steps_worth_a_loss`` on hand-built episodes (-1 unlabelled, 0 wait, >0 a move), two agents, 5 steps."""
+    W, U = 0, 1
+    episodes = np.array([
+        [[U, W], [W, U], [W, W], [W, W], [W, W]],      # last move at step 1: steps 0-1
+        [[W, W], [W, W], [W, W], [W, W], [W, W]],      # never moves: the first step only
+        [[-1, -1], [U, -1], [-1, -1], [W, U], [W, W]],  # unlabelled steps never, up to the last move at 3
+        [[-1, -1], [-1, -1], [W, W], [W, W], [W, W]],  # never moves, first step unlabelled: still the first
+        [[W, U], [U, W], [W, U], [U, W], [W, U]],      # moves to the end: every step
+    ])
+    expected = np.array([
+        [1, 1, 0, 0, 0],
+        [1, 0, 0, 0, 0],
+        [0, 1, 0, 1, 0],
+        [1, 0, 0, 0, 0],
+        [1, 1, 1, 1, 1],
+    ], bool)
+    np.testing.assert_array_equal(np.asarray(mp.steps_worth_a_loss(jnp.asarray(episodes))), expected)
+
+
 @struct.dataclass
 class RelabelledPool:
     starts: jax.Array

@@ -295,6 +295,18 @@ def with_recorded_commits(batch, committed, fixed):
     return (planes, cells, active, actions), committed
 
 
+def steps_worth_a_loss(labels):
+    """``bool[E, T]``: the steps of episodes with expert actions ``labels [E, T, n]`` (-1: unlabelled, 0: wait)
+    that training samples: some agent labelled, up to the last step in which the expert still moves (the
+    first step when it never moves)."""
+    steps = jnp.arange(labels.shape[1])
+    labelled = jnp.any(labels >= 0, axis=-1)
+    moving = jnp.any(labels > 0, axis=-1)
+    lengths = jnp.max(jnp.where(moving, steps[None] + 1, 0), axis=1)
+    worth = labelled & (steps[None] < jnp.maximum(lengths, 1)[:, None])
+    return worth.at[:, 0].set(worth[:, 0] | ~jnp.any(worth, axis=1))
+
+
 def agent_logits(cell_logits, me):
     """Each agent's logits ``[..., n, 5]``: the cell logits ``[..., H, W, 5]`` at its own cell
     (``me`` ``[..., n, H, W]`` is 1 there)."""
@@ -485,19 +497,11 @@ def make(config: Config, env, env_params) -> Agent:
         share = jax.random.uniform(share_key, active.shape[:1] + (1,))
         return active & (jax.random.uniform(agent_key, active.shape) < share) & (actions >= 0)
 
-    def steps_worth_a_loss(labels):
-        """``[E, T]``: the steps of episodes with expert actions ``labels [E, T, n]`` that some agent is labelled
-        in, up to the last one the expert still moves in (at least the first). Computed for the sampled
-        episodes only: over the whole pool, a constant of the program, XLA would fold it at every compile."""
-        labelled = jnp.any(labels >= 0, axis=-1)
-        moving = jnp.any(labels > 0, axis=-1)
-        lengths = jnp.max(jnp.where(moving, jnp.arange(steps)[None] + 1, 0), axis=1)
-        worth = labelled & (jnp.arange(steps)[None] < jnp.maximum(lengths, 1)[:, None])
-        return worth.at[:, 0].set(worth[:, 0] | ~jnp.any(worth, axis=1))
-
     def update(state: TrainState):
         key, pick_key, replay_key, sample_key = jax.random.split(state.key, 4)
         instances = jax.random.randint(pick_key, (config.num_envs,), 0, pool_size)
+        # computed for the sampled episodes only: over the whole pool, a constant of the program, XLA would
+        # fold it at every compile
         worth = steps_worth_a_loss(expert[instances, :steps])
         picks = jax.random.categorical(sample_key, jnp.where(worth, 0.0, -jnp.inf)[:, None],
                                        shape=(config.num_envs, config.samples_per_episode))
