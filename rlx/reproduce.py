@@ -259,8 +259,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     from rlx.runner import compile_cache
 
-    compile_cache.set_xla_flags()  # studies that run JAX in this process need the same workaround as rlx.train
-    compile_cache.enable(compile_cache.default_cache_dir())
+    compile_cache.prepare_command()
     try:
         reproduce(args.name, args.seeds, args.quick, args.skip_training,
                   tuple(args.tasks.split(",")) if args.tasks else None)

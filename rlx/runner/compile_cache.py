@@ -87,3 +87,10 @@ def enable(cache_dir: str | os.PathLike | None) -> CacheCounter:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     return counter
+
+
+def prepare_command() -> CacheCounter:
+    """What a command line that runs JAX in its own process (``rlx.reproduce``, the MAPF study's ``validate``,
+    DAgger) does first, as ``rlx.train`` does: rlx's XLA flags and the persistent cache in its default place."""
+    set_xla_flags()
+    return enable(default_cache_dir())

@@ -418,8 +418,7 @@ if __name__ == "__main__":
     args = parser.parse_args()
     from rlx.runner import compile_cache
 
-    compile_cache.set_xla_flags()  # as rlx.train and rlx.reproduce: the runtime workaround and the persistent cache
-    compile_cache.enable(compile_cache.default_cache_dir())
+    compile_cache.prepare_command()
     extra = tuple(int(n) for n in args.extra_agents.split(",") if n)
     refine(args.run_dir, args.iterations, args.updates, args.rollout_maps, extra, args.samples_per_episode,
            labeller=args.labeller, lacam_steps=args.lacam_steps, node_limit=args.node_limit,

@@ -372,6 +372,5 @@ if __name__ == "__main__":
     args = parser.parse_args()
     from rlx.runner import compile_cache
 
-    compile_cache.set_xla_flags()  # as rlx.train and rlx.reproduce: the runtime workaround and the persistent cache
-    compile_cache.enable(compile_cache.default_cache_dir())
+    compile_cache.prepare_command()
     validate(args.run_dirs, args.maps, tuple(int(n) for n in args.agents.split(",")), decode_rounds=args.decode_rounds)
