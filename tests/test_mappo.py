@@ -305,6 +305,22 @@ def test_value_is_the_denormalised_critic_output_and_dead_agents_see_only_their_
     assert np.abs(np.asarray(again[:, 0] - normalised[:, 0])).max() > 1e-4
 
 
+def test_value_clip_is_centred_on_the_critics_output_when_it_acted():
+    """With lr=0, one epoch and one minibatch the critic never moves, so clipping its loss changes nothing,
+    although the first update moves the running statistics a long way (mean 0 -> about 0.6)."""
+    env = Coop(2, 3)
+    config = mappo.Config(num_envs=16, num_steps=32, hidden_sizes=(16,), gamma=0.9, lr=0.0, num_epochs=1,
+                          num_minibatches=1)
+    losses = {}
+    for clip in (False, True):
+        agent = mappo.make(config.replace(clip_value_loss=clip), env, env.default_params)
+        state = agent.init(jax.random.PRNGKey(0))
+        new_state, metrics = jax.jit(agent.update)(state)
+        assert abs(float(new_state.value_stats.mean) - float(state.value_stats.mean)) > 0.1
+        losses[clip] = float(metrics["value_loss"])
+    assert losses[True] == pytest.approx(losses[False], rel=1e-5), losses
+
+
 # --------------------------------------------------------------------------- action masks
 
 

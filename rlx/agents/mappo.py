@@ -488,9 +488,9 @@ class Batch(NamedTuple):
     reset: jax.Array  # [T, env]
     action: jax.Array
     log_prob: jax.Array
-    value: jax.Array
+    value: jax.Array  # the critic's output when it acted, in its own units (normalised where values are)
     advantage: jax.Array
-    target: jax.Array
+    target: jax.Array  # in return units
 
 
 def make_minibatches(batch: Batch, start_carry, key, num_minibatches: int, recurrent: bool):
@@ -811,7 +811,7 @@ def make(config: Config, env, env_params):
             else:
                 raw = critic_ff(params, minibatch.critic_in)
             norm = value_stats.normalize if config.normalize_values else (lambda x: x)
-            value_terms = dict(value=raw[..., 0], old_value=norm(minibatch.value), targets=norm(minibatch.target))
+            value_terms = dict(value=raw[..., 0], old_value=minibatch.value, targets=norm(minibatch.target))
         return ppo_loss_terms(config, dist.log_prob(minibatch.action), minibatch.log_prob, dist.entropy(),
                               minibatch.advantage, minibatch.weight.astype(jnp.float32), **value_terms)
 
@@ -823,11 +823,14 @@ def make(config: Config, env, env_params):
         Returns ``(value_stats, Batch [T, env, agent, ...])``; the loss weight is the alive flag.
         """
         advantages, targets = advantages_and_targets(state, traj)
-        value_stats = state.value_stats
+        value_stats, old_value = state.value_stats, traj.value
         if config.normalize_values and not critic_free:
+            # The value clip is centred on what the critic output when it acted, in its own (normalised)
+            # units, so under the statistics it acted with, not the ones updated below.
+            old_value = value_stats.normalize(traj.value)
             value_stats = value_stats.update(targets, traj.alive)
         batch = Batch(actor_in=traj.actor_in, critic_in=traj.critic_in, mask=traj.mask, weight=traj.alive,
-                      reset=traj.reset, action=traj.action, log_prob=traj.log_prob, value=traj.value,
+                      reset=traj.reset, action=traj.action, log_prob=traj.log_prob, value=old_value,
                       advantage=advantages, target=targets)
         return value_stats, batch
 
