@@ -29,42 +29,27 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlx.envs.mapf import experts, tie_noise
+from rlx.envs.mapf import evaluation, experts, tie_noise
 from rlx.envs.mapf.env import NOISE_OBSERVATIONS, PRIORITY_OBSERVATIONS, MapfEnv, MapfParams
 
 
 def rollouts(env: MapfEnv, pool: MapfParams, act: Callable, key, instances=None, params=()) -> dict[str, np.ndarray]:
     """The learner's episode on each pool entry in ``instances`` (default: all): ``actions [M, T, n]`` (waits
-    once all agents stand on their goals), the ``positions [M, T, n, 2]`` and ``waiting [M, T, n]`` steps in
-    which it chose them, and ``solved [M]``. ``act(params, obs [n, ...], key) -> actions [n]``, or ``-> (actions
-    [n], decided [n])`` with the decoding round in which each agent chose (``map_policy``'s ``decode``), which
-    is then returned too (``decided [M, T, n]``). The pool and ``params`` are arguments of the compiled
-    program, not constants in it (see ``evaluation._episodes``): DAgger's rounds make one program, which the
-    persistent compilation cache, where enabled, then finds again."""
-    horizon = int(pool.max_steps_in_episode)
-    instances = jnp.arange(pool.blocked.shape[0]) if instances is None else jnp.asarray(instances)
+    once the episode is over), the ``positions [M, T, n, 2]`` and ``waiting [M, T, n]`` steps in which it chose
+    them, and ``solved [M]``. ``act(params, obs [n, ...], key) -> actions [n]``, or ``-> (actions [n], decided
+    [n])`` with the decoding round in which each agent chose (``map_policy``'s ``decode``), which is then
+    returned too (``decided [M, T, n]``, zeros otherwise). Played by ``evaluation.run_episodes``, so the pool
+    and ``params`` are arguments of one compiled program that DAgger's rounds share."""
+    def choose(params, obs, state, t, key):
+        chosen = act(params, obs, key)
+        return chosen if isinstance(chosen, tuple) else (chosen, jnp.zeros_like(chosen))
 
-    def episode(pool, params, instance, key):
-        reset_key, key = jax.random.split(key)
-        obs, state = env.reset_to(instance, reset_key, pool)
+    def record(state, actions, decided):
+        return actions, state.positions, env.waiting_steps(state), decided
 
-        def step(carry, _):
-            obs, state, over, key = carry
-            key, act_key, step_key = jax.random.split(key, 3)
-            chosen = act(params, obs, act_key)
-            chosen, decided = chosen if isinstance(chosen, tuple) else (chosen, jnp.zeros_like(chosen))
-            actions = jnp.where(over, 0, chosen)
-            record = (actions, state.positions, env.waiting_steps(state), decided)
-            obs, state, _, terminated, _ = env.step_env(step_key, state, actions, pool)
-            return (obs, state, over | jnp.all(terminated), key), record
-
-        (_, _, over, _), records = jax.lax.scan(step, (obs, state, jnp.asarray(False), key), None, horizon)
-        return records, over
-
-    (actions, positions, waiting, decided), solved = jax.jit(jax.vmap(episode, in_axes=(None, None, 0, 0)))(
-        pool, params, instances, jax.random.split(key, instances.shape[0]))
-    return {"actions": np.asarray(actions), "positions": np.asarray(positions), "waiting": np.asarray(waiting),
-            "solved": np.asarray(solved), "decided": np.asarray(decided)}
+    _, (actions, positions, waiting, decided), solved = evaluation.run_episodes(
+        env, pool, choose, key, params, instances, record)
+    return {"actions": actions, "positions": positions, "waiting": waiting, "solved": solved, "decided": decided}
 
 
 def earlier_commitments(actions: np.ndarray, decided: np.ndarray, rounds: int, share: float, rng) -> np.ndarray:

@@ -20,8 +20,20 @@ from rlx.envs.mapf.env import MapfEnv, MapfParams
 METRICS = ("csr", "isr", "soc", "makespan", "throughput")
 
 
-def _episodes(env: MapfEnv, pool: MapfParams, choose: Callable, key, inputs=()) -> dict[str, np.ndarray]:
-    """Run every pool instance once; ``choose(inputs, obs, state, t, key) -> actions [n]`` per instance.
+def run_episodes(env: MapfEnv, pool: MapfParams, choose: Callable, key, inputs=(), instances=None,
+                 record: Callable | None = None):
+    """Play each pool entry in ``instances`` (default: all) once, in one compiled program.
+
+    ``choose(inputs, obs, state, t, key)`` returns the joint action ``[n]``, or
+    ``(actions [n], extra)``. Once an episode ends (every agent terminated, or
+    the horizon) its state stays as it ended and its actions are waits.
+    ``record(state, actions, extra)``, where given, says what to keep of each
+    step (``state``: the one the actions were chosen in).
+
+    Returns ``(metrics, records, solved)``: POGEMA's metrics read at the step
+    each episode ended (``{name: [M]}``), the records stacked ``[M, T, ...]``
+    (``None`` without ``record``) and ``solved [M]``, every agent terminated
+    within the horizon.
 
     The pool and ``inputs`` (a policy's parameters, fixed joint actions) are
     arguments of the compiled program, not constants in it: XLA would
@@ -31,6 +43,7 @@ def _episodes(env: MapfEnv, pool: MapfParams, choose: Callable, key, inputs=()) 
     compilation cache too).
     """
     horizon = int(pool.max_steps_in_episode)
+    instances = jnp.arange(pool.blocked.shape[0]) if instances is None else jnp.asarray(instances)
 
     def episode(pool, inputs, instance, key):
         reset_key, key = jax.random.split(key)
@@ -38,23 +51,28 @@ def _episodes(env: MapfEnv, pool: MapfParams, choose: Callable, key, inputs=()) 
         first = {name: jnp.zeros(()) for name in METRICS}
 
         def step(carry, t):
-            obs, state, over, final, key = carry
+            obs, state, over, solved, final, key = carry
             key, act_key, step_key = jax.random.split(key, 3)
-            actions = choose(inputs, obs, state, t, act_key)
+            chosen = choose(inputs, obs, state, t, act_key)
+            chosen, extra = chosen if isinstance(chosen, tuple) else (chosen, None)
+            actions = jnp.where(over, 0, chosen)
+            kept = None if record is None else record(state, actions, extra)
             obs, new_state, _, terminated, info = env.step_env(step_key, state, actions, pool)
+            solved = solved | jnp.all(terminated)
             ends = ~over & (jnp.all(terminated) | (t + 1 >= horizon))
             final = {name: jnp.where(ends, info[name], final[name]) for name in METRICS}
             state = jax.tree.map(lambda new, old: jnp.where(over, old, new), new_state, state)
-            return (obs, state, over | ends, final, key), None
+            return (obs, state, over | ends, solved, final, key), kept
 
-        carry = (obs, state, jnp.asarray(False), first, key)
-        (_, _, _, final, _), _ = jax.lax.scan(step, carry, jnp.arange(horizon))
-        return final
+        no = jnp.asarray(False)
+        (_, _, _, solved, final, _), records = jax.lax.scan(step, (obs, state, no, no, first, key),
+                                                             jnp.arange(horizon))
+        return final, records, solved
 
-    count = pool.blocked.shape[0]
     run_all = jax.jit(jax.vmap(episode, in_axes=(None, None, 0, 0)))
-    results = run_all(pool, inputs, jnp.arange(count), jax.random.split(key, count))
-    return {name: np.asarray(values) for name, values in results.items()}
+    final, records, solved = run_all(pool, inputs, instances, jax.random.split(key, instances.shape[0]))
+    metrics = {name: np.asarray(values) for name, values in final.items()}
+    return metrics, jax.tree.map(np.asarray, records), np.asarray(solved)
 
 
 def evaluate_actions(env: MapfEnv, pool: MapfParams, actions: np.ndarray) -> dict[str, np.ndarray]:
@@ -63,14 +81,14 @@ def evaluate_actions(env: MapfEnv, pool: MapfParams, actions: np.ndarray) -> dic
     horizon = int(pool.max_steps_in_episode)
     if actions.shape[1] < horizon:
         actions = jnp.pad(actions, ((0, 0), (0, horizon - actions.shape[1]), (0, 0)))
-    return _episodes(env, pool, lambda actions, obs, state, t, key: actions[state.instance, t],
-                     jax.random.PRNGKey(0), actions)
+    return run_episodes(env, pool, lambda actions, obs, state, t, key: actions[state.instance, t],
+                        jax.random.PRNGKey(0), actions)[0]
 
 
 def evaluate_policy(env: MapfEnv, pool: MapfParams, act: Callable, key, params=()) -> dict[str, np.ndarray]:
     """Per-instance metrics of ``act(params, obs [n, ...], key) -> actions [n]``; ``params`` (e.g. a trained
     policy's) enter the compiled program as an argument."""
-    return _episodes(env, pool, lambda params, obs, state, t, k: act(params, obs, k), key, params)
+    return run_episodes(env, pool, lambda params, obs, state, t, k: act(params, obs, k), key, params)[0]
 
 
 def random_actions(num_agents: int) -> Callable:
