@@ -29,8 +29,11 @@ def test_synthetic_trades_are_consistent_with_the_book(days):
     day = days[0]
     before = np.searchsorted(day.timestamps, day.trade_times) - 1
     previous_best_bid = np.where(before >= 0, day.bid_prices[np.maximum(before, 0), 0], day.bid_prices[0, 0] + 1)
-    sells = day.trade_sides < 0
+    previous_best_ask = np.where(before >= 0, day.ask_prices[np.maximum(before, 0), 0], day.ask_prices[0, 0] - 1)
+    sells, buys = day.trade_sides < 0, day.trade_sides > 0
+    assert sells.any() and buys.any()
     assert np.all(day.trade_prices[sells] <= previous_best_bid[sells] + 1)  # at or below the best (an improvement at most)
+    assert np.all(day.trade_prices[buys] >= previous_best_ask[buys] - 1)
     np.testing.assert_array_equal(np.diff(day.bid_prices, axis=1), -1)
     np.testing.assert_array_equal(np.diff(day.ask_prices, axis=1), 1)
 
@@ -103,6 +106,8 @@ def corrupt(path, line: int, column: int, value: str):
     (1, "1000000.0", "crossed book"),
     (1, "100.05", "price not a multiple of tick_size"),
     (2, "abc", "not a number"),
+    (0, "nan", "not a finite number"),
+    (3, "inf", "not a finite number"),
 ])
 def test_malformed_snapshot_csv_names_file_and_line(tmp_path, days, column, value, message):
     write_snapshot_csv(days[0], tmp_path / "book.csv", tmp_path / "trades.csv", levels=16)
@@ -140,6 +145,35 @@ def test_lobster_files_load_with_trade_sides_and_empty_levels(tmp_path):
     (tmp_path / "book.csv").write_text("\n".join(books[:3]) + "\n")
     with pytest.raises(DataError, match="book.csv.*3 book rows for 4 messages"):
         data.load_lobster(tmp_path / "msg.csv", tmp_path / "book.csv", tick_size=0.01)
+
+
+def test_lobster_empty_levels_continue_past_a_price_gap_and_one_sided_books_are_left_out(tmp_path):
+    messages = ["34200.1,1,11,5,1000100,1", "34200.2,3,13,4,1000300,-1", "34200.3,1,13,4,1000300,-1"]
+    # 3 levels. Asks at 100.03 and 100.07 (LOBSTER's levels are occupied prices, so gaps are normal), the third
+    # level empty; the second row has no ask at all (the only one was cancelled): a one-sided book.
+    books = ["1000300,4,1000100,5,1000700,6,1000000,2,9999999999,0,999900,1",
+             "9999999999,0,1000100,5,9999999999,0,1000000,2,9999999999,0,999900,1",
+             "1000300,4,1000100,5,1000700,6,1000000,2,9999999999,0,-9999999999,0"]
+    (tmp_path / "msg.csv").write_text("\n".join(messages) + "\n")
+    (tmp_path / "book.csv").write_text("\n".join(books) + "\n")
+    day = data.load_lobster(tmp_path / "msg.csv", tmp_path / "book.csv", tick_size=0.01)
+    np.testing.assert_array_equal(day.timestamps, [34200.1, 34200.3])
+    np.testing.assert_array_equal(day.ask_prices, [[10003, 10007, 10008]] * 2)
+    np.testing.assert_array_equal(day.ask_sizes[:, 2], [0, 0])
+    np.testing.assert_array_equal(day.bid_prices, [[10001, 10000, 9999], [10001, 10000, 9999]])
+    np.testing.assert_array_equal(day.bid_sizes[:, 2], [1, 0])
+    np.testing.assert_array_equal(day.mid(), [10002, 10002])
+
+
+def test_empty_files_name_themselves_and_a_quiet_day_has_no_trades(tmp_path, days):
+    for name in ("msg.csv", "book.csv"):
+        (tmp_path / name).write_text("")
+    with pytest.raises(DataError, match="msg.csv: no rows"):
+        data.load_lobster(tmp_path / "msg.csv", tmp_path / "book.csv", tick_size=0.01)
+    write_snapshot_csv(days[0], tmp_path / "book.csv", tmp_path / "trades.csv", levels=16)
+    (tmp_path / "trades.csv").write_text("timestamp,price,size,side\n")
+    day = data.load_snapshot_csv(tmp_path / "book.csv", tmp_path / "trades.csv", tick_size=0.1)
+    assert day.trade_times.shape == day.trade_prices.shape == (0,) and len(day.timestamps) == len(days[0].timestamps)
 
 
 TARDIS_BOOK = """exchange,symbol,timestamp,local_timestamp,is_snapshot,side,price,amount

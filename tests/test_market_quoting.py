@@ -131,9 +131,14 @@ def test_fill_frequency_and_wealth_accounting():
     for side, p in zip(("bid_fill", "ask_fill"), probability):
         rate = float(info[side].mean())
         assert abs(rate - p) < 4 * np.sqrt(p * (1 - p) / info[side].size)
-    # No penalties: the summed rewards are the final marked-to-market wealth.
-    np.testing.assert_allclose(rewards.sum(1), state.cash + state.inventory * state.mid, rtol=1e-4, atol=1e-2)
-    np.testing.assert_allclose(info["inventory"][:, -1], (info["bid_fill"] - info["ask_fill"]).sum(1))
+    # No penalties: the summed rewards are the final marked-to-market wealth, and that is the cash of
+    # buying at the mid before each step less the bid depth and selling at it plus the ask depth, plus the
+    # inventory at the last mid.
+    mid_before = np.concatenate([np.full((rewards.shape[0], 1), float(params.s0)), info["mid"][:, :-1]], axis=1)
+    cash = (-info["bid_fill"] * (mid_before - 0.5) + info["ask_fill"] * (mid_before + 1.0)).sum(1)
+    inventory = (info["bid_fill"] - info["ask_fill"]).sum(1)
+    np.testing.assert_allclose(info["inventory"][:, -1], inventory)
+    np.testing.assert_allclose(rewards.sum(1), cash + inventory * info["mid"][:, -1], rtol=1e-4, atol=5e-2)
 
 
 def test_inventory_never_passes_its_limit():

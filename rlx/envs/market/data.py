@@ -22,7 +22,8 @@ with exactly those arrays plus ``tick_size`` and ``name`` as 0-d arrays.
 - ``load_lobster(message_csv, orderbook_csv, tick_size)``: LOBSTER's message file (time, type,
   order id, size, price, direction) and order-book file (ask price, ask size, bid price, bid size per
   level; prices in 1e-4 currency units); executions (types 4 and 5) become trades, a buy limit order
-  executed (direction 1) being a sell by the aggressor;
+  executed (direction 1) being a sell by the aggressor; empty levels past a side's last order continue
+  its tick grid with size 0, and books with an empty side are left out;
 - ``load_tardis(book_csv, trades_csv, tick_size, levels)``: Tardis-style ``incremental_book_L2``
   (``exchange,symbol,timestamp,local_timestamp,is_snapshot,side,price,amount``, amount 0 deletes the
   level, timestamps in microseconds) replayed into a book, one snapshot per distinct timestamp, and
@@ -125,7 +126,7 @@ def load_day(path) -> BookDay:
 def to_ticks(prices: np.ndarray, tick_size: float, source: str, lines) -> np.ndarray:
     ticks = np.rint(prices / tick_size)
     off_grid = np.abs(ticks * tick_size - prices) > 1e-6 * max(tick_size, 1e-12) + 1e-9 * np.abs(prices)
-    rows = np.flatnonzero(off_grid.reshape(len(prices), -1).any(axis=1))
+    rows = np.flatnonzero(off_grid if off_grid.ndim == 1 else off_grid.any(axis=1))
     if rows.size:
         raise DataError(f"{source}, line {lines[rows[0]]}: price not a multiple of tick_size={tick_size}")
     return ticks.astype(np.int64)
@@ -161,6 +162,8 @@ def numbers(rows, columns, path, lines) -> np.ndarray:
             out[i] = [float(row[c]) for c in columns]
         except ValueError:
             raise DataError(f"{path}, line {lines[i]}: not a number in {[row[c] for c in columns]}") from None
+        if not np.isfinite(out[i]).all():  # float() reads "nan" and "inf"
+            raise DataError(f"{path}, line {lines[i]}: not a finite number in {[row[c] for c in columns]}")
     return out
 
 
@@ -215,6 +218,9 @@ def load_lobster(message_csv, orderbook_csv, tick_size: float, name: str | None 
     message_csv, orderbook_csv = Path(message_csv), Path(orderbook_csv)
     message_rows, message_lines = read_rows(message_csv, None, 6)
     book_rows, book_lines = read_rows(orderbook_csv, None, 4)
+    for path, rows in ((message_csv, message_rows), (orderbook_csv, book_rows)):
+        if not rows:
+            raise DataError(f"{path}: no rows")
     if len(message_rows) != len(book_rows):
         raise DataError(f"{orderbook_csv}, line {min(len(message_rows), len(book_rows)) + 1}: {len(book_rows)} book "
                         f"rows for {len(message_rows)} messages (LOBSTER writes one per message)")
@@ -224,21 +230,23 @@ def load_lobster(message_csv, orderbook_csv, tick_size: float, name: str | None 
         raise DataError(f"{orderbook_csv}, line {book_lines[bad]}: a row must have 4 columns per level")
     messages = numbers(message_rows, range(6), message_csv, message_lines)
     book = numbers(book_rows, range(len(book_rows[0])), orderbook_csv, book_lines)
-    # LOBSTER marks empty levels with dummy prices (-9999999999 / 9999999999) and size 0: keep size 0, fix the price.
     ask_prices, ask_sizes, bid_prices, bid_sizes = (book[:, i::4] for i in range(4))
-    levels = ask_prices.shape[1]
-    ask_prices = np.where(ask_sizes > 0, ask_prices, ask_prices[:, :1] + np.arange(levels) * tick_size / LOBSTER_PRICE_UNIT)
-    bid_prices = np.where(bid_sizes > 0, bid_prices, bid_prices[:, :1] - np.arange(levels) * tick_size / LOBSTER_PRICE_UNIT)
-    # Several messages can share a timestamp: keep the book after the last of them.
+    tick = tick_size / LOBSTER_PRICE_UNIT
+    ask_prices = continue_tick_grid(ask_prices, ask_sizes > 0, tick)
+    bid_prices = continue_tick_grid(bid_prices, bid_sizes > 0, -tick)
+    # Several messages can share a timestamp: keep the book after the last of them, if it has both sides
+    # (as ``load_tardis`` keeps only two-sided books).
     times = messages[:, 0]
     last = np.append(times[1:] != times[:-1], True)
+    kept = last & (ask_sizes[:, 0] > 0) & (bid_sizes[:, 0] > 0)
+    kept_lines = np.asarray(book_lines)[kept]
     executions = np.isin(messages[:, 1], (4, 5))
     day = BookDay(
-        timestamps=times[last],
-        bid_prices=to_ticks(bid_prices * LOBSTER_PRICE_UNIT, tick_size, str(orderbook_csv), book_lines)[last],
-        bid_sizes=bid_sizes[last],
-        ask_prices=to_ticks(ask_prices * LOBSTER_PRICE_UNIT, tick_size, str(orderbook_csv), book_lines)[last],
-        ask_sizes=ask_sizes[last],
+        timestamps=times[kept],
+        bid_prices=to_ticks(bid_prices[kept] * LOBSTER_PRICE_UNIT, tick_size, str(orderbook_csv), kept_lines),
+        bid_sizes=bid_sizes[kept],
+        ask_prices=to_ticks(ask_prices[kept] * LOBSTER_PRICE_UNIT, tick_size, str(orderbook_csv), kept_lines),
+        ask_sizes=ask_sizes[kept],
         trade_times=times[executions],
         trade_prices=to_ticks(messages[executions, 4] * LOBSTER_PRICE_UNIT, tick_size, str(message_csv),
                               np.asarray(message_lines)[executions]),
@@ -246,8 +254,17 @@ def load_lobster(message_csv, orderbook_csv, tick_size: float, name: str | None 
         trade_sides=-messages[executions, 5].astype(np.int64),
         tick_size=tick_size, name=name or orderbook_csv.stem,
     )
-    return validate(day, str(orderbook_csv), np.asarray(book_lines)[last], np.asarray(message_lines)[executions],
-                    str(message_csv))
+    return validate(day, str(orderbook_csv), kept_lines, np.asarray(message_lines)[executions], str(message_csv))
+
+
+def continue_tick_grid(prices: np.ndarray, present: np.ndarray, step: float) -> np.ndarray:
+    """``prices [T, L]`` with each empty level (``present`` False: LOBSTER writes a dummy price and size 0
+    past a side's last occupied level) priced one ``step`` beyond the level before it, so the side stays
+    strictly monotone; a side with no order at all keeps its dummy prices (such books are not kept)."""
+    out = prices.copy()
+    for level in range(1, prices.shape[1]):
+        out[:, level] = np.where(present[:, level], prices[:, level], out[:, level - 1] + step)
+    return out
 
 
 TARDIS_BOOK_HEADER = ["exchange", "symbol", "timestamp", "local_timestamp", "is_snapshot", "side", "price", "amount"]

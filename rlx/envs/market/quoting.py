@@ -175,6 +175,7 @@ class QuotingEnv(environment.Environment):
             "bid_fill": bid_fill,
             "ask_fill": ask_fill,
             "spread": depth[0] + depth[1],
+            "mid": mid,
         }
         return self.get_obs(new_state, params), new_state, reward.astype(jnp.float32), terminated, info
 
