@@ -50,6 +50,18 @@ def test_cached_files_are_reused_not_regenerated(made):
     assert changed != paths["random"]
 
 
+def test_a_level_made_alone_holds_what_its_file_name_promises(made, tmp_path):
+    """The file name carries the settings, not which other levels were missing: making one level alone (the
+    expert from one policy; then the replay mix) gives the same data as making all four at once."""
+    _, paths = made
+    for level in ("expert", "replay"):
+        alone = datasets.make_datasets("cartpole", levels=(level,), cache_dir=tmp_path / level, quick=True, **TINY)
+        assert alone[level].name == paths[level].name
+        made_alone, made_together = datasets.load_dataset(alone[level]), datasets.load_dataset(paths[level])
+        for name in ("obs", "actions", "rewards", "pairs", "labels", "source"):
+            np.testing.assert_array_equal(made_alone[name], made_together[name], err_msg=f"{level}: {name}")
+
+
 def test_oracle_labels_agree_with_summed_rewards_and_the_terminal_penalty(made):
     _, paths = made
     seen = set()

@@ -199,8 +199,9 @@ def train_ppo_policies(env, env_params, preset: EnvPreset, settings: Settings):
     return agent, policies, returns
 
 
-def collect_segments(agent, env, env_params, policies, key, num_envs: int, segments_per_policy: int, length: int):
-    """Roll out each of the stacked ``policies`` (sampled actions) and cut the rollouts into segments.
+def collect_segments(agent, env, env_params, policies, keys, num_envs: int, segments_per_policy: int, length: int):
+    """Roll out each of the stacked ``policies`` (sampled actions, ``keys[i]`` for policy ``i``) and cut the
+    rollouts into segments.
 
     Returns numpy arrays ``obs, actions, rewards, terminals`` shaped ``[K, segments_per_policy, L, ...]``.
     """
@@ -231,9 +232,11 @@ def collect_segments(agent, env, env_params, policies, key, num_envs: int, segme
 
         return jax.tree.map(cut, traj)
 
-    keys = jax.random.split(key, jax.tree.leaves(policies)[0].shape[0])
-    out = jax.jit(jax.vmap(rollout))(policies, keys)
-    return tuple(np.asarray(x) for x in out)
+    # One policy at a time, not vmapped: a policy's rollout is then the same computation, to the bit,
+    # whichever policies share the call.
+    run = jax.jit(rollout)
+    outs = [run(jax.tree.map(lambda x: x[i], policies), keys[i]) for i in range(len(keys))]
+    return tuple(np.stack([np.asarray(out[field]) for out in outs]) for field in range(4))
 
 
 def make_datasets(env: str, levels=LEVELS, cache_dir="datasets", quick: bool = False, seed: int = 0,
@@ -268,13 +271,17 @@ def make_datasets(env: str, levels=LEVELS, cache_dir="datasets", quick: bool = F
     level_sources["replay"] = sorted(set(spread.tolist()) | {0, medium, last})
     chosen = sorted({i for level in missing for i in level_sources[level]})
     picked = jax.tree.map(lambda x: x[np.asarray(chosen)], policies)
+    # Each policy's segments and each level's picks draw on randomness of their own, so a level's file holds
+    # the same data whichever other levels were made with it (its name promises as much).
+    collect_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.PRNGKey(settings.seed + 1),
+                                                                    np.asarray(chosen))
     obs, actions, rewards, terminals = collect_segments(
-        agent, env_obj, env_params, picked, jax.random.PRNGKey(settings.seed + 1), settings.collect_envs,
-        settings.num_segments, settings.segment_length,
+        agent, env_obj, env_params, picked, collect_keys, settings.collect_envs, settings.num_segments,
+        settings.segment_length,
     )
-    rng = np.random.default_rng(settings.seed)
     Path(cache_dir).mkdir(parents=True, exist_ok=True)
     for level in missing:
+        rng = np.random.default_rng([settings.seed, LEVELS.index(level)])
         rows = [chosen.index(i) for i in level_sources[level]]
         if len(rows) == 1:
             take = [(rows[0], j) for j in range(settings.num_segments)]
