@@ -43,10 +43,13 @@ def test_advantage_normalisation_and_unclipped_value_loss():
     zeros = np.zeros(2, np.float32)
     advantages = np.array([3.0, 5.0], np.float32)  # normalise to -1, +1
     value = np.array([1.0, 2.0], np.float32)
-    targets = np.array([0.0, 0.0], np.float32)
+    targets = np.array([3.0, 3.0], np.float32)  # old values 0: clipped to 0.2 they would miss by 2.8
     total, terms = ppo.ppo_loss_terms(config, zeros, zeros, zeros, value, zeros, advantages, targets)
     assert terms["policy_loss"] == pytest.approx(0.0, abs=1e-5)  # ratio 1: -mean(normalised A) = 0
-    assert terms["value_loss"] == pytest.approx(0.5 * (1 + 4) / 2)
+    assert terms["value_loss"] == pytest.approx(0.5 * (4 + 1) / 2)
+    clipped = ppo.ppo_loss_terms(config.replace(clip_value_loss=True), zeros, zeros, zeros, value, zeros, advantages,
+                                 targets)[1]["value_loss"]
+    assert clipped == pytest.approx(0.5 * 2.8**2)
     assert total == pytest.approx(terms["policy_loss"] + terms["value_loss"])
 
 
@@ -59,3 +62,20 @@ def test_running_stats_match_numpy():
     everything = np.concatenate(batches)
     np.testing.assert_allclose(stats.mean, everything.mean(0), rtol=1e-3, atol=1e-3)
     np.testing.assert_allclose(stats.var, everything.var(0), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("name", ["ppo", "ppo_rnn", "a2c"])
+def test_annealed_learning_rate_stops_at_zero_when_training_runs_past_its_budget(name):
+    """``train(..., num_updates=N)`` may run past ``config.num_updates`` (vendored use): the annealed rate
+    reaches 0 there and stays, instead of turning negative (which would climb the loss)."""
+    from gymnax.environments.classic_control.cartpole import CartPole
+
+    from rlx.agents import a2c, ppo_rnn
+
+    module = {"ppo": ppo, "ppo_rnn": ppo_rnn, "a2c": a2c}[name]
+    minibatches = {} if name == "a2c" else {"num_minibatches": 2}
+    config = module.Config(total_timesteps=4 * 4 * 8, num_envs=4, num_steps=8, lr=1e-3, hidden_sizes=(8,), **minibatches)
+    assert config.num_updates == 4
+    env = CartPole()
+    _, metrics = module.train(config, env, env.default_params, jax.random.PRNGKey(0), num_updates=6)
+    np.testing.assert_allclose(metrics["learning_rate"], [1e-3, 7.5e-4, 5e-4, 2.5e-4, 0.0, 0.0], atol=1e-9)

@@ -361,7 +361,7 @@ def make_optimizer(config: Config):
     def learning_rate(count):
         if not config.anneal_lr:
             return config.lr
-        return config.lr * (1.0 - count / config.num_updates)
+        return config.lr * jnp.maximum(1.0 - count / config.num_updates, 0.0)  # 0 past the end
 
     if config.optimizer == "adam":
         scale = optax.adam(learning_rate, eps=config.optimizer_eps)

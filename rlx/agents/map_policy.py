@@ -360,10 +360,12 @@ def make(config: Config, env, env_params) -> Agent:
         move_planes = tuple(int(c) for c in env.move_planes)
         turn = jax.vmap(lambda s, p, c, a: transform_sample(s, p, c, a, move_planes))
 
+    def learning_rate(count):  # annealed linearly to 0 over the run, and 0 past its end
+        return config.lr * jnp.maximum(1.0 - count / config.num_updates, 0.0) if config.anneal_lr else config.lr
+
     optimizer = optax.chain(
         optax.clip_by_global_norm(config.max_grad_norm),
-        optax.adamw(lambda count: config.lr * (1.0 - count / config.num_updates) if config.anneal_lr else config.lr,
-                    weight_decay=config.weight_decay),
+        optax.adamw(learning_rate, weight_decay=config.weight_decay),
     )
 
     rounds = config.decode_rounds

@@ -594,7 +594,7 @@ def make(config: Config, env, env_params):
     def learning_rate(count):
         if not config.anneal_lr:
             return config.lr
-        return config.lr * (1.0 - (count // updates_per_iteration) / config.num_updates)
+        return config.lr * jnp.maximum(1.0 - (count // updates_per_iteration) / config.num_updates, 0.0)  # 0 past the end
 
     optimizer = optax.chain(
         optax.clip_by_global_norm(config.max_grad_norm),
