@@ -72,6 +72,23 @@ def test_bad_sweeps_fail_in_one_line(train_in_process, override, message, tmp_pa
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
+def test_a_run_stopped_at_its_return_target_stays_stopped_when_resumed(run_cli, tmp_path):
+    """CartPole's return is never below 0: the first evaluation stops the run after 4 of its 8 updates; resuming
+    the directory trains nothing more and reports the same stop."""
+    run_dir = tmp_path / "stopped"
+    stop = [*TINY, "run.stop_at_return=0", "run.eval_every_chunks=1", "run.checkpoint_every_chunks=1"]
+    done = run_cli(*stop, f"hydra.run.dir={run_dir}")
+    assert done.returncode == 0, done.stderr
+    summary, records = read_run(run_dir)
+    assert summary["status"] == "reached_stop_at_return" and [r["update"] for r in records] == [4], summary
+    (run_dir / "summary.json").unlink()  # as if killed after the checkpoint, before the summary
+    done = run_cli(f"run.resume={run_dir}", "logger=none")
+    assert done.returncode == 0, done.stderr
+    resumed, resumed_records = read_run(run_dir)
+    assert resumed["status"] == "reached_stop_at_return", resumed
+    assert [r["update"] for r in resumed_records] == [4]
+
+
 # Long enough per chunk (about 0.1 s) to be killed midway, small enough to stay quick. These runs train
 # for 295k steps, so they compile with XLA's defaults (full_opt_env), not the suite's fast-compile flags.
 KILLABLE = ["+exp=ppo_cartpole", "algo.total_timesteps=147456", "algo.num_envs=64", "algo.num_steps=128",

@@ -474,6 +474,7 @@ class Progress:
 
     updates_done: int = 0
     chunks_done: int = 0
+    stopped: bool = False  # reached ``stop_at_return``: a resume has nothing left to train
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -520,7 +521,9 @@ def run_training(agent_module, grid, env, env_params, settings: RunSettings, run
             state, progress = programs.init(config, train_keys), Progress()
         writer = artifacts.MetricsWriter(metrics_path)
         run_start, run_seconds, steps_this_process = time.time(), 0.0, 0
-        for chunk in range(progress.chunks_done, num_chunks):
+        if progress.stopped:
+            status = "reached_stop_at_return"
+        for chunk in range(num_chunks if progress.stopped else progress.chunks_done, num_chunks):
             n = min(chunk_updates, num_updates - progress.updates_done)
             tick = time.perf_counter()
             new_state, metrics = programs.chunk(state, n, progress.updates_done)
@@ -551,6 +554,7 @@ def run_training(agent_module, grid, env, env_params, settings: RunSettings, run
                 logger.chunk(record)
             reached = (settings.stop_at_return is not None and final_eval is not None and "eval_return" in record
                        and final_eval.mean(axis=2).mean(axis=1).max() >= settings.stop_at_return)
+            progress = dataclasses.replace(progress, stopped=bool(reached))
             if checkpointing and orbax_import is None:
                 orbax_import = checkpoints.preload()
             if checkpointing and ((chunk + 1) % settings.checkpoint_every_chunks == 0 or last or reached):
