@@ -101,7 +101,7 @@ class LinearSystem(environment.Environment):
 def test_dynamics_model_recovers_a_linear_system():
     env = LinearSystem()
     config = dyna_ppo.Config(
-        total_timesteps=1024, num_envs=8, num_steps=32, train_ratio=1.0, num_epochs=1, ensemble_size=2,
+        total_timesteps=1024, num_envs=8, num_steps=32, train_ratio=1.0, num_epochs=2, ensemble_size=2,
         model_hidden_sizes=(64, 64), model_batch_size=128, num_branches=256, horizon=2, holdout_size=32,
         buffer_size=4096, model_lr=3e-3,
     )
@@ -148,6 +148,8 @@ def test_dynamics_model_recovers_a_linear_system():
         (dict(train_ratio=0.125, num_epochs=3),
          "train_ratio=0.125: train_ratio*real_steps_per_update (=16 gradient steps per update, "
          "real_steps_per_update=num_envs*num_steps=128) must be a whole multiple of num_epochs=3"),
+        (dict(train_ratio=8.0), "train_ratio=8.0: gives 256 PPO minibatches per epoch (train_ratio*real_steps_per_"
+                                "update/num_epochs), leaving 0 of the 128 real steps in each: needs >= 2"),
         (dict(num_branches=501), "num_branches=501: must be a multiple of ensemble_size=5"),
         (dict(holdout_size=128), "holdout_size=128: must be in [0, real_steps_per_update=128)"),
         (dict(buffer_size=100), "buffer_size=100: must be >= real_steps_per_update=128"),

@@ -252,6 +252,12 @@ def validate(config: Config) -> None:
             not steps_ok or config.num_branches * config.horizon >= config.num_minibatches,
             f"num_branches*horizon must be >= the {config.num_minibatches} PPO minibatches per epoch",
         ),
+        (
+            "train_ratio",  # a real minibatch of 0 rows has no loss, and of 1 row its normalised advantage is 0
+            not steps_ok or real // max(config.num_minibatches, 1) >= 2,
+            f"gives {config.num_minibatches} PPO minibatches per epoch (train_ratio*real_steps_per_update/num_epochs),"
+            f" leaving {real // max(config.num_minibatches, 1)} of the {real} real steps in each: needs >= 2",
+        ),
     ]
     for field, ok, rule in rules:
         if not ok:
