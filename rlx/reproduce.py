@@ -208,11 +208,15 @@ def reproduce(name: str, seeds: int | None, quick: bool, skip_training: bool = F
         import inspect
 
         study = importlib.import_module(CUSTOM[name])
-        extra = {}
+        extra, accepted = {}, inspect.signature(study.reproduce).parameters
         if tasks:
-            if "tasks" not in inspect.signature(study.reproduce).parameters:
+            if "tasks" not in accepted:
                 raise SystemExit(f"--tasks: {name} has no tasks to choose from; it runs as a whole")
             extra["tasks"] = tasks
+        if seeds is not None:
+            if "seeds" not in accepted:
+                raise SystemExit(f"--seeds: {name} runs its own fixed number of seeds")
+            extra["seeds"] = seeds
         return study.reproduce(ROOT / "experiments" / getattr(study, "EXPERIMENT_DIR", name), quick, skip_training,
                                **extra)
     if name not in EXPERIMENTS:

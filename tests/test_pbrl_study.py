@@ -65,6 +65,14 @@ def test_reproduce_reruns_only_the_named_tasks_of_studies_that_have_them(tmp_pat
 
     with pytest.raises(SystemExit, match="--tasks: mm_quoting has no tasks to choose from"):
         reproduce.reproduce("mm_quoting", None, True, tasks=("Pendulum-v1",))
+    with pytest.raises(SystemExit, match="--seeds: mm_quoting runs its own fixed number of seeds"):
+        reproduce.reproduce("mm_quoting", 3, True)
+    asked = {}
+    monkeypatch.setattr(query_study, "reproduce", lambda out, quick, skip, seeds=None, tasks=None: asked.update(
+        seeds=seeds, tasks=tasks) or out)
+    reproduce.reproduce("pbrl_queries", 3, True)
+    assert asked == {"seeds": 3, "tasks": None}  # --seeds reaches the studies that take it
+    monkeypatch.undo()
     with pytest.raises(SystemExit, match="task 'Pendulum': valid: CartPole-v1, Acrobot-v1, Pendulum-v1"):
         query_study.reproduce(tmp_path, True, False, tasks=("Pendulum",))
     with pytest.raises(SystemExit, match="task 'Pendulum': valid: CartPole-v1, Acrobot-v1, Pendulum-v1"):
