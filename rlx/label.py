@@ -130,7 +130,7 @@ class LabelServer(ThreadingHTTPServer):
         """Validate one answer and append it to the label file; ``ValueError`` (or ``KeyError`` if already answered)."""
         if not isinstance(query, int) or isinstance(query, bool) or not 0 <= query < self.num_queries:
             raise ValueError(f"unknown query {query!r}: query ids are 0..{self.num_queries - 1}")
-        if answer not in ANSWERS:
+        if not isinstance(answer, str) or answer not in ANSWERS:
             raise ValueError(f"unknown answer {answer!r}; valid: {', '.join(ANSWERS)}")
         with self.lock:
             if query in self.answered:

@@ -104,6 +104,7 @@ def test_a_restarted_server_continues_with_the_first_unanswered_query(run_dir):
 
 @pytest.mark.parametrize("body, status, message", [
     ({"query": 0, "answer": "both"}, 400, "unknown answer 'both'; valid: left, right, equal, skip"),
+    ({"query": 0, "answer": ["left"]}, 400, "unknown answer ['left']"),
     ({"query": 4, "answer": "left"}, 400, "unknown query 4: query ids are 0..3"),
     ({"query": "0", "answer": "left"}, 400, "unknown query '0'"),
     ({"answer": "left"}, 400, "unknown query None"),

@@ -135,6 +135,8 @@ def test_a_dataset_of_your_own_loads_with_defaults(tmp_path):
     ("rewards", lambda a: a.update(rewards=np.ones((5, 4)))),
     ("obs", lambda a: a.update(obs=np.full((5, 3, 4), np.nan))),
     ("terminals", lambda a: a.update(terminals=np.zeros(5))),
+    ("terminals", lambda a: a.update(terminals=np.full((5, 3), np.nan))),
+    ("terminal_penalty", lambda a: a.update(terminal_penalty=np.array([1.0, 2.0]))),
     ("level", lambda a: a.update(level=np.array([1, 2]))),
 ])
 def test_load_errors_name_the_file_and_the_field(tmp_path, field, change):
@@ -152,6 +154,10 @@ def test_missing_and_unreadable_files_are_named(tmp_path):
     (tmp_path / "text.npz").write_text("not a zip")
     with pytest.raises(datasets.DatasetError, match=r"text\.npz: cannot read"):
         datasets.load_dataset(tmp_path / "text.npz")
+    whole = write(tmp_path / "whole.npz", good_arrays()).read_bytes()
+    (tmp_path / "cut.npz").write_bytes(whole[: len(whole) // 2])  # a copy that stopped halfway
+    with pytest.raises(datasets.DatasetError, match=r"cut\.npz: cannot read"):
+        datasets.load_dataset(tmp_path / "cut.npz")
 
 
 def test_unknown_env_and_level_list_the_valid_names(tmp_path):

@@ -24,12 +24,22 @@ def test_appended_answers_read_back_in_the_agent_convention(tmp_path):
     ('{"query": 1, "left": "a", "answer": "left"}', "line 2: missing right"),
     ('{"query": "one", "left": "a", "right": "b", "answer": "left"}', "line 2: query 'one' is not an integer"),
     ('{"query": 1, "left": "a", ', "line 2: not a JSON object"),
+    ('{"query": 1, "left": "a", "right": "b", "answer": ["left"]}', "line 2: unknown answer \\['left'\\]"),
+    ('{"query": 1, "left": ["a"], "right": "b", "answer": "left"}', "line 2: left segment id \\['a'\\] is not a"),
+    ('{"query": 1, "left": "a", "right": "b", "answer": "\xff"}', "line 2: unknown answer"),
 ])
 def test_bad_lines_name_file_and_line(tmp_path, line, message):
     path = tmp_path / "labels.jsonl"
     path.write_text('{"query": 0, "left": "a", "right": "b", "answer": "right"}\n' + line + "\n")
     with pytest.raises(LabelError, match=f"labels.jsonl, {message}"):
         read_labels(path, known_segments={"a", "b"})
+
+
+def test_undecodable_bytes_name_their_line(tmp_path):
+    path = tmp_path / "labels.jsonl"
+    path.write_bytes(b'{"query": 0, "left": "a", "right": "b", "answer": "right"}\n\xff\xfe{"query": 1}\n')
+    with pytest.raises(LabelError, match="labels.jsonl, line 2: not a JSON object"):
+        read_labels(path)
 
 
 def test_append_rejects_an_unknown_answer_and_missing_files_are_named(tmp_path):

@@ -53,6 +53,7 @@ import dataclasses
 import hashlib
 import json
 import time
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -335,7 +336,7 @@ def load_dataset(path) -> dict:
     try:
         with np.load(path, allow_pickle=False) as stored:
             arrays = {name: stored[name] for name in stored.files}
-    except (OSError, ValueError, EOFError) as error:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
         raise DatasetError(f"{path}: cannot read as .npz ({error})") from None
     return validate(arrays, str(path))
 
@@ -359,7 +360,9 @@ def validate(arrays: dict, source: str = "dataset") -> dict:
     if obs.ndim < 2 or obs.shape[0] < 1 or obs.shape[1] < 1:
         fail("obs", f"shape {obs.shape}, expected [segments, length, *obs_shape]")
     num_segments, length = obs.shape[:2]
-    for name in ("obs", "rewards", "labels", "mask", "actions"):
+    for name in ("obs", "rewards", "labels", "mask", "actions", "terminals", "terminal_penalty"):
+        if name not in arrays:  # only the optional ones can be missing here
+            continue
         value = np.asarray(arrays[name])
         if value.dtype.kind not in "biuf":
             fail(name, f"must be numeric, got dtype {value.dtype}")
@@ -403,6 +406,8 @@ def validate(arrays: dict, source: str = "dataset") -> dict:
     out["labels"] = labels.astype(np.float32)
     out["mask"] = mask.astype(np.float32)
     out["terminals"] = np.asarray(arrays.get("terminals", np.zeros((num_segments, length))), np.float32)
+    if np.ndim(arrays.get("terminal_penalty", 0.0)) != 0:
+        fail("terminal_penalty", f"shape {np.shape(arrays['terminal_penalty'])}, expected a single number")
     out["terminal_penalty"] = float(arrays.get("terminal_penalty", 0.0))
     return out
 

@@ -51,7 +51,7 @@ def read_labels(path, known_segments=None) -> dict[str, np.ndarray]:
     if not path.is_file():
         raise LabelError(f"{path}: no such label file")
     queries, lefts, rights, labels, masks, seen = [], [], [], [], [], {}
-    with path.open(encoding="utf-8") as handle:
+    with path.open(encoding="utf-8", errors="replace") as handle:  # undecodable bytes fail as bad JSON, with a line
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
@@ -70,9 +70,11 @@ def read_labels(path, known_segments=None) -> dict[str, np.ndarray]:
                 raise LabelError(f"{where}: query {query!r} is not an integer")
             if query in seen:
                 raise LabelError(f"{where}: query {query} was already answered on line {seen[query]}")
-            if answer not in ANSWERS:
+            if not isinstance(answer, str) or answer not in ANSWERS:
                 raise LabelError(f"{where}: unknown answer {answer!r}; valid: {', '.join(ANSWERS)}")
             for side in ("left", "right"):
+                if not isinstance(record[side], (str, int)) or isinstance(record[side], bool):
+                    raise LabelError(f"{where}: {side} segment id {record[side]!r} is not a string or integer")
                 if known_segments is not None and record[side] not in known_segments:
                     raise LabelError(f"{where}: unknown {side} segment id {record[side]!r}")
             seen[query] = number

@@ -26,6 +26,7 @@ the segment is marked ``absorbing``.
 from __future__ import annotations
 
 import os
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -143,7 +144,7 @@ def load_queries(path) -> dict:
     try:
         with np.load(path, allow_pickle=False) as archive:
             queries = {field: archive[field] for field in FIELDS + OPTIONAL_FIELDS if field in archive.files}
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
         raise QueryFileError(f"{path}: not a readable queries file ({error})") from None
     validate(queries, path)
     if "absorbing" not in queries:  # a file written before the field existed, or by hand
