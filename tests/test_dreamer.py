@@ -300,7 +300,8 @@ def test_augmentations_change_only_imagination():
         runs[name] = jax.tree.map(np.asarray, offline_trainer(IMAGINATION_STEPS)(config, data,
                                                                                  jax.random.PRNGKey(1))[1])
     for name in ("noise", "interp", "push"):
-        np.testing.assert_array_equal(runs[name]["model_loss"][0], runs["classic"]["model_loss"][0])
+        # every step: a dream reaching the world model through the actor-critic step would show from step 1 on
+        np.testing.assert_array_equal(runs[name]["model_loss"], runs["classic"]["model_loss"])
         assert runs[name]["actor_loss"][0] != runs["classic"]["actor_loss"][0], name
 
 
@@ -327,7 +328,6 @@ def test_update_and_recurrent_act_run_under_jit():
     n = config.batch_size * config.seq_len
     assert traj.states.deter.shape == (config.horizon + 1, n, config.deter_size)
     assert traj.actions.shape == traj.rewards.shape == traj.conts.shape == (config.horizon, n)
-    assert ((np.asarray(traj.conts) >= 0) & (np.asarray(traj.conts) <= 1)).all()
 
 
 # --------------------------------------------------------------------------- validation
@@ -427,7 +427,6 @@ def test_conv_world_model_trains_on_the_maze_and_imagines_from_a_subset_of_start
     state, metrics = jax.jit(lambda k: jax.lax.scan(lambda s, _: agent.update(s), agent.init(k), None, 4))(
         jax.random.PRNGKey(0))
     assert all(np.isfinite(np.asarray(v)).all() for v in metrics.values())
-    assert state.learner.model is not None
     starts = agent.start_states(state, jax.random.PRNGKey(1))
     assert starts.deter.shape == (2 * 8, 81 * 4) and starts.stoch.shape == (2 * 8, 81 * 4)
 
