@@ -22,6 +22,11 @@ AGENTS = {
 }
 
 
+# Agents that train on multi-agent environments (the array-per-agent contract, ``rlx.envs.multi_agent``);
+# the others train on single-agent ones.
+MULTI_AGENT = frozenset({"mappo", "map_policy"})
+
+
 # Inputs an agent takes besides its Config, read on the host from its ``algo:`` section:
 # name -> "module:function(agent_module, algo_values, env_name) -> agent_module".
 HOST_INPUTS = {

@@ -114,7 +114,6 @@ def main(argv: list[str] | None = None) -> None:
                 outcomes = "".join(f", {name} {share:.0%}" for name, share in figures.items() if name not in ("mean", "std"))
                 print(f"  seed {seed}: {figures['mean']:.1f} ± {figures['std']:.1f}{outcomes} over {options['episodes']} episodes")
         out = options["run_dir"] / "evaluation.json"
-        out.write_text(json.dumps(result, indent=2) + "\n")
         if options["gymnasium"]:
             from rlx.export import GymnasiumPolicy, gymnasium_returns
 
@@ -125,6 +124,7 @@ def main(argv: list[str] | None = None) -> None:
                                    "mean": float(returns.mean()), "std": float(returns.std())}
             print(f"Gymnasium {env_id or result['env']} (seed 0): {returns.mean():.1f} ± {returns.std():.1f} "
                   f"over {options['episodes']} episodes")
+        out.write_text(json.dumps(result, indent=2) + "\n")  # with the Gymnasium figures, where asked for
         if options["render"]:
             gif = options["run_dir"] / "episode.gif"
             length = render_episode(run, result["best_point"], gif, options["render_steps"], options["seed"])

@@ -63,7 +63,12 @@ def gymnasium_returns(policy: GymnasiumPolicy, env_id: str | None = None, episod
     """Undiscounted returns of ``episodes`` Gymnasium episodes (env_id defaults to the run's environment)."""
     import gymnasium
 
-    env = gymnasium.make(env_id or policy.env_name)
+    from rlx.errors import ConfigError
+
+    try:
+        env = gymnasium.make(env_id or policy.env_name)
+    except gymnasium.error.Error as error:
+        raise ConfigError(f"gymnasium={env_id or policy.env_name}: Gymnasium cannot make it ({error})") from None
     returns = []
     try:
         for episode in range(episodes):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rlx.errors import ConfigError
 from rlx.runner import artifacts
 
 
@@ -68,7 +69,10 @@ def hydra_overrides(run_dir: Path) -> str:
 
 
 def rows_of(run_dir: Path) -> list[Row]:
-    summary = json.loads((run_dir / "summary.json").read_text())
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{run_dir / 'summary.json'}: not valid JSON ({error})") from None
     common = dict(run_dir=run_dir, experiment=summary.get("experiment", "?"), env=summary.get("env", "?"),
                   env_steps=summary.get("env_steps_per_seed", 0), wall_seconds=summary.get("total_seconds", 0.0))
     overrides = hydra_overrides(run_dir)
@@ -103,7 +107,7 @@ def plot_env(rows: list[Row], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for row in rows:
-        records = [json.loads(line) for line in (row.run_dir / "metrics.jsonl").read_text().splitlines() if line]
+        records = artifacts.read_metrics(row.run_dir / "metrics.jsonl")
         curves = artifacts.learning_curves(records, "eval_return")
         if curves is None:
             continue
@@ -141,7 +145,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="where report.md and the plots go (default: the directory given, or ./report)")
     args = parser.parse_args(argv)
     out = args.out or (args.dirs[0] if len(args.dirs) == 1 else Path("report"))
-    report = write_report(args.dirs, out)
+    try:
+        report = write_report(args.dirs, out)
+    except ConfigError as error:
+        raise SystemExit(f"error: {error}") from None
     print(report.read_text().split("\n![")[0])
     print(f"wrote {report}", file=sys.stderr)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -145,8 +146,21 @@ EXPERIMENTS = {
 # --------------------------------------------------------------------------- driver
 
 
+def set_aside_earlier_run(run_dir: Path) -> None:
+    """Move a run a study trained into ``run_dir`` before to ``<run_dir>.previous`` (replacing an older one
+    there): ``rlx.train`` refuses a directory that holds a run, and a study's rerun keeps the last one."""
+    run_dir = Path(run_dir)
+    if run_dir.exists():
+        previous = run_dir.with_name(run_dir.name + ".previous")
+        shutil.rmtree(previous, ignore_errors=True)
+        run_dir.rename(previous)
+        print(f"[reproduce] the earlier run in {run_dir} moved to {previous}", flush=True)
+
+
 def train_preset(preset: str, run_dir: Path, seeds: int, overrides: tuple[str, ...]) -> dict:
-    """Run ``python -m rlx.train +exp=preset`` into ``run_dir`` and return its summary.json."""
+    """Run ``python -m rlx.train +exp=preset`` into ``run_dir`` (an earlier run there set aside) and return
+    its summary.json."""
+    set_aside_earlier_run(run_dir)
     command = [sys.executable, "-m", "rlx.train", f"+exp={preset}", f"run.num_seeds={seeds}",
                f"hydra.run.dir={run_dir}", *overrides]
     print(f"[reproduce] {' '.join(command[1:])}", flush=True)

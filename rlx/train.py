@@ -38,6 +38,10 @@ def check_group_choices(argv: list[str]) -> None:
                 raise UnknownNameError(kind, choice, group_choices(group))
 
 
+FAILED_JOBS: list[int] = []  # exit codes of the multirun jobs that failed in this process
+JOBS_STARTED: list[float] = []  # when each job run in this process began
+
+
 def fail(message: str, code: int) -> None:
     print(f"error: {message}", file=sys.stderr)
     sys.exit(code)
@@ -79,7 +83,9 @@ def resume_config(cfg, overrides: list[str]):
         raise ConfigError(f"run.resume={resume_dir}: no config.yaml there; not an rlx run directory")
     saved = OmegaConf.load(saved_path)
     if all(o.lstrip("+~").startswith(RESUME_MAY_CHANGE + ("logger=", "hydra.")) for o in overrides):
-        return OmegaConf.merge(saved, {"run": {"resume": str(resume_dir)}, "logger": cfg.logger})
+        given = {key: cfg.run[key] for key in ("compile_cache", "cpu_devices")
+                 if any(o.lstrip("+~").startswith(f"run.{key}=") for o in overrides)}
+        return OmegaConf.merge(saved, {"run": {"resume": str(resume_dir), **given}, "logger": cfg.logger})
     current = flatten_dict(OmegaConf.to_container(cfg, resolve=True))
     previous = flatten_dict(OmegaConf.to_container(saved, resolve=True))
     differing = sorted(key for key in current.keys() | previous.keys()
@@ -88,6 +94,18 @@ def resume_config(cfg, overrides: list[str]):
         changes = "; ".join(f"{key}: {previous.get(key)!r} -> {current.get(key)!r}" for key in differing)
         raise ConfigError(f"run.resume={resume_dir}: the config differs from the checkpointed run's ({changes})")
     return cfg
+
+
+RUN_FILES = ("metrics.jsonl", "summary.json", "checkpoints")
+
+
+def check_fresh_run_dir(run_dir: Path) -> None:
+    """ConfigError if ``run_dir`` already holds a run: a second one would mix its metrics into the first's and
+    leave the first's checkpoints under the second's config."""
+    found = [name for name in RUN_FILES if (run_dir / name).exists()]
+    if found:
+        raise ConfigError(f"hydra.run.dir={run_dir}: already holds a run ({', '.join(found)}); train into a new "
+                          f"directory, or continue that run with run.resume={run_dir}")
 
 
 def make_loggers(cfg, run_dir: Path) -> tuple:
@@ -105,8 +123,11 @@ def make_loggers(cfg, run_dir: Path) -> tuple:
                         OmegaConf.to_container(cfg, resolve=True), run_dir, f"{cfg.exp_name}-{run_dir.name}", warn),)
 
 
-def execute(cfg, run_dir: Path, imported_seconds: float) -> dict:
-    """Train one configuration and write every file of its run directory; return the summary."""
+def execute(cfg, run_dir: Path, imported_seconds: float, started: float = _PROCESS_START) -> dict:
+    """Train one configuration and write every file of its run directory; return the summary.
+
+    ``started``: when this job began (``time.perf_counter``), for its ``total_seconds``.
+    """
     from omegaconf import OmegaConf
 
     from rlx.runner import compile_cache
@@ -125,6 +146,8 @@ def execute(cfg, run_dir: Path, imported_seconds: float) -> dict:
     counter = compile_cache.enable(cache_dir)
 
     run_dir.mkdir(parents=True, exist_ok=True)
+    if resume_dir is None:
+        check_fresh_run_dir(run_dir)
     config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
     if resume_dir is None:
         (run_dir / "config.yaml").write_text(config_yaml)
@@ -159,7 +182,7 @@ def execute(cfg, run_dir: Path, imported_seconds: float) -> dict:
     result.pop("state")
     summary.update(result)
     summary["import_seconds"] = import_seconds
-    summary["total_seconds"] = time.perf_counter() - _PROCESS_START
+    summary["total_seconds"] = time.perf_counter() - started
     summary["compile_cache"] = {"dir": str(cache_dir) if cache_dir else None, "hits": counter.hits,
                                 "misses": counter.misses}
     artifacts.write_json_atomic(run_dir / "summary.json", summary)
@@ -191,27 +214,37 @@ def main() -> None:
     compile_cache.set_xla_flags()
     import hydra
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     hydra_seconds = time.perf_counter() - _PROCESS_START
 
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
     def hydra_entry(cfg) -> None:
         tick = time.perf_counter()
+        first_job = not JOBS_STARTED  # a sweep's later jobs in this process start when they are called
+        JOBS_STARTED.append(tick)
         from rlx.runner.loop import NonFiniteError  # imports jax: counted with the imports
-        imported_seconds = hydra_seconds + time.perf_counter() - tick
+        imported_seconds = hydra_seconds * first_job + time.perf_counter() - tick
 
-        run_dir = Path(HydraConfig.get().runtime.output_dir)
+        hydra_cfg = HydraConfig.get()
+        run_dir = Path(hydra_cfg.runtime.output_dir)
         try:
             if cfg.run.get("resume"):
-                cfg = resume_config(cfg, list(HydraConfig.get().overrides.task))
+                cfg = resume_config(cfg, list(hydra_cfg.overrides.task))
                 run_dir = Path(cfg.run.resume)
-            execute(cfg, run_dir, imported_seconds)
-        except ConfigError as error:
-            fail(str(error), 2)
-        except NonFiniteError as error:
-            fail(str(error), 1)
+            execute(cfg, run_dir, imported_seconds, _PROCESS_START if first_job else tick)
+        except (ConfigError, NonFiniteError) as error:
+            code = 2 if isinstance(error, ConfigError) else 1
+            if hydra_cfg.mode != RunMode.MULTIRUN:
+                fail(str(error), code)
+            # one job's failure must not end the sweep: report it, go on, and exit non-zero at the end
+            print(f"error: job {hydra_cfg.job.num} ({' '.join(hydra_cfg.overrides.task)}): {error}", file=sys.stderr)
+            FAILED_JOBS.append(code)
 
     hydra_entry()
+    if FAILED_JOBS:
+        fail(f"{len(FAILED_JOBS)} job{'s' if len(FAILED_JOBS) > 1 else ''} of the sweep failed (above)",
+             max(FAILED_JOBS))
 
 
 if __name__ == "__main__":

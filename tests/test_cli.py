@@ -124,6 +124,10 @@ def test_unknown_environment_name_in_config(run_cli):
         ("run.num_seeds=0", "run.num_seeds=0: must be >= 1"),
         ("+algo.learning_rate=0.1", "algo.learning_rate: unknown field; valid:"),
         ("+env.params.gravity_x=1", "env.params.gravity_x: unknown parameter of CartPole-v1"),
+        ("run.eval_greedy=maybe", "run.eval_greedy='maybe': must be true or false"),
+        ("run.seed=abc", "run.seed='abc': must be an integer"),
+        ("env=coop", "env=Coop: algo=ppo trains on single-agent environments, and Coop is not one; single-agent "
+                     "environments: Acrobot-v1,"),
     ],
 )
 def test_invalid_values_fail_before_compiling(run_cli, override, message, tmp_path):
@@ -132,6 +136,17 @@ def test_invalid_values_fail_before_compiling(run_cli, override, message, tmp_pa
     assert message in done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "run" / "metrics.jsonl").exists()  # stopped before training
+
+
+def test_a_directory_that_holds_a_run_is_refused_and_left_as_it_was(run_cli, tmp_path):
+    done = run_cli(*TINY)
+    assert done.returncode == 0, done.stderr
+    kept = {name: (tmp_path / "run" / name).read_bytes() for name in ("metrics.jsonl", "summary.json", "config.yaml")}
+    again = run_cli(*TINY, "algo.lr=1e-3")
+    assert again.returncode == 2, again.stderr
+    assert f"hydra.run.dir={tmp_path / 'run'}: already holds a run (metrics.jsonl, summary.json, checkpoints)" \
+        in again.stderr and "Traceback" not in again.stderr
+    assert {name: (tmp_path / "run" / name).read_bytes() for name in kept} == kept
 
 
 def test_nan_stops_with_update_number_and_keeps_files(run_cli, tmp_path):
@@ -143,6 +158,25 @@ def test_nan_stops_with_update_number_and_keeps_files(run_cli, tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "diverged" and summary["diverged_at_update"] == 1
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == ""  # no non-finite line written
+
+
+def test_a_failing_job_does_not_end_the_sweep(tmp_path):
+    """Job 0 diverges (a massless cart); job 1 still trains, and the sweep exits non-zero naming job 0."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT, TEST_CACHE
+
+    done = subprocess.run([sys.executable, "-m", "rlx.train", "-m", *TINY, "+env.params.masscart=0.0,1.0",
+                           "+env.params.total_mass=0.0,1.1", f"hydra.sweep.dir={tmp_path / 'multi'}",
+                           f"run.compile_cache={TEST_CACHE}", "hydra/launcher=basic"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 1, done.stderr
+    assert "error: job 0 (" in done.stderr and "non-finite" in done.stderr
+    assert "jobs of the sweep failed" in done.stderr or "job of the sweep failed" in done.stderr
+    summaries = sorted((tmp_path / "multi").glob("*/summary.json"))
+    statuses = sorted(json.loads(path.read_text())["status"] for path in summaries)
+    assert "completed" in statuses and "diverged" in statuses, statuses
 
 
 def test_help_lists_presets(run_cli):

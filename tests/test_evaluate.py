@@ -56,6 +56,16 @@ def test_policy_in_gymnasium_matches_gymnax_evaluation(trained):
     assert gym_returns.mean() > 30  # trained: far above a random policy's ~22
 
 
+def test_gymnasium_figures_are_saved_and_an_unknown_id_fails_in_one_line(trained):
+    done = evaluate(f"run_dir={trained}", "episodes=2", "gymnasium=CartPole-v1")
+    assert done.returncode == 0, done.stderr
+    saved = json.loads((trained / "evaluation.json").read_text())["gymnasium"]
+    assert saved["env_id"] == "CartPole-v1" and len(saved["returns"]) == 2 and min(saved["returns"]) >= 8
+    done = evaluate(f"run_dir={trained}", "episodes=2", "gymnasium=NoSuchEnv-v0")
+    assert done.returncode == 2 and "gymnasium=NoSuchEnv-v0: Gymnasium cannot make it" in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
 def test_render_writes_a_gif_of_one_episode(trained):
     from PIL import Image
 

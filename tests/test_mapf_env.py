@@ -37,6 +37,8 @@ def test_movingai_parser_reads_a_map_and_names_file_and_line_of_errors(tmp_path)
     no_height.write_text("type octile\nwidth 3\nmap\n...\n")
     with pytest.raises(ConfigError, match=r"noheight.map:3: header needs a positive integer 'height'"):
         maps.parse_movingai(no_height)
+    with pytest.raises(ConfigError, match=r"absent.map: no such map file"):
+        maps.parse_movingai(tmp_path / "absent.map")
 
 
 def test_maze_is_connected_and_warehouse_has_shelves():

@@ -40,3 +40,19 @@ def test_report_rows_numbers_and_plots(tmp_path):
 def test_report_without_runs_says_so(tmp_path):
     with pytest.raises(SystemExit, match="no summary.json under"):
         report.write_report([tmp_path], tmp_path / "out")
+
+
+def test_malformed_run_files_name_the_file_and_line(tmp_path, capsys):
+    record = {"env_steps": 500, "eval_return": [50.0]}
+    make_run(tmp_path / "run", {"env": "CartPole-v1", "final_eval": {"return_per_seed": [1.0]}}, [record, record])
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    metrics.write_text(json.dumps(record) + "\n{oops\n" + json.dumps(record) + "\n")
+    with pytest.raises(SystemExit, match=r"metrics.jsonl, line 2: not a JSON line"):
+        report.main([str(tmp_path)])
+    metrics.write_text(json.dumps(record) + "\n" + json.dumps(record)[:10])  # cut short by a kill: left out
+    report.main([str(tmp_path)])
+    metrics.unlink()  # no metrics: a row without a curve
+    assert "CartPole-v1" in report.write_report([tmp_path], tmp_path / "out").read_text()
+    (tmp_path / "run" / "summary.json").write_text("{")
+    with pytest.raises(SystemExit, match=r"summary.json: not valid JSON"):
+        report.main([str(tmp_path)])

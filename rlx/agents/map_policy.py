@@ -117,6 +117,14 @@ def with_decode_rounds(config: Config, rounds: int) -> Config:
     return config.replace(decode_rounds=rounds) if config.decode_rounds > 1 else config
 
 
+def validate_for_env(config: Config, env, env_params) -> None:
+    """The check that needs the environment: whole-map observations (``env.reset_to``) and a pool of the
+    expert's joint actions to imitate (``env_params.expert_actions``), as the MAPF environments give."""
+    if not hasattr(env, "reset_to") or getattr(env_params, "expert_actions", None) is None:
+        raise ValueError(f"name=map_policy: imitates an expert over whole-map planes; {type(env).__name__} has "
+                         "no expert pool (env_params.expert_actions) or reset_to (the mapf_* environments do)")
+
+
 def validate(config: Config) -> None:
     """Raise ``ValueError("field=value: rule")`` for the first invalid field, before tracing."""
     rules = [

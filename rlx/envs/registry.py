@@ -67,8 +67,13 @@ ENVIRONMENTS = {
 OPTIONAL_PACKAGES = {"rlx.envs.brax": "brax", "rlx.envs.jaxmarl": "jaxmarl"}
 
 
-def names() -> list[str]:
-    return sorted(ENVIRONMENTS)
+MULTI_AGENT_MODULES = ("rlx.envs.coop", "rlx.envs.jaxmarl", "rlx.envs.mapf")
+
+
+def names(multi_agent: bool | None = None) -> list[str]:
+    """Every environment name, or only the multi-agent (``True``) or single-agent (``False``) ones."""
+    return sorted(name for name, (module, *_) in ENVIRONMENTS.items()
+                  if multi_agent is None or (module in MULTI_AGENT_MODULES) == multi_agent)
 
 
 def installed(name: str) -> bool:

@@ -90,8 +90,13 @@ class MetricsWriter:
         self._file.close()
 
 
-def truncate_metrics(path: Path, updates_done: int) -> list[dict]:
-    """Keep the metrics.jsonl lines up to ``updates_done`` (a resumed run rewrites the rest); return them."""
+def read_metrics(path: Path) -> list[dict]:
+    """The records of a metrics.jsonl ([] if there is none); a last line cut short (a killed run) is left out.
+
+    ``ConfigError`` names the file and line of any other line that is not a JSON object.
+    """
+    from rlx.errors import ConfigError
+
     if not path.exists():
         return []
     records, lines = [], path.read_text().splitlines()
@@ -103,9 +108,18 @@ def truncate_metrics(path: Path, updates_done: int) -> list[dict]:
         except json.JSONDecodeError:
             if number == len(lines):
                 break  # a line cut short by the kill
-            raise ValueError(f"{path}:{number}: not a JSON line") from None
-        if record["update"] <= updates_done:
-            records.append(record)
+            raise ConfigError(f"{path}, line {number}: not a JSON line") from None
+        if not isinstance(record, dict):
+            raise ConfigError(f"{path}, line {number}: not a metrics record (a JSON object)")
+        records.append(record)
+    return records
+
+
+def truncate_metrics(path: Path, updates_done: int) -> list[dict]:
+    """Keep the metrics.jsonl lines up to ``updates_done`` (a resumed run rewrites the rest); return them."""
+    if not path.exists():
+        return []
+    records = [record for record in read_metrics(path) if record["update"] <= updates_done]
     tmp = path.with_suffix(".jsonl.tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
     os.replace(tmp, path)

@@ -27,6 +27,20 @@ def quiet_logs() -> None:
     logging.getLogger("absl").setLevel(logging.WARNING)  # orbax reports every save at INFO
 
 
+def check_agent_kind(algo_name: str, env, env_name: str) -> None:
+    """ConfigError when a multi-agent algorithm meets a single-agent environment, or the reverse."""
+    from rlx import algorithms
+    from rlx.envs import registry
+    from rlx.errors import ConfigError
+    from rlx.runner.evaluation import is_multi_agent
+
+    multi = algo_name in algorithms.MULTI_AGENT
+    if multi != is_multi_agent(env):
+        kind = "multi-agent" if multi else "single-agent"
+        raise ConfigError(f"env={env_name}: algo={algo_name} trains on {kind} environments, and {env_name} is not "
+                          f"one; {kind} environments: {', '.join(registry.names(multi_agent=multi))}")
+
+
 def build(cfg, **run_overrides) -> Components:
     """Check and build everything ``cfg`` (an OmegaConf config) describes; ConfigError on bad input."""
     from omegaconf import OmegaConf
@@ -42,6 +56,7 @@ def build(cfg, **run_overrides) -> Components:
     agent_module = algorithms.load(algo_name)
     env_values = OmegaConf.to_container(cfg.env, resolve=True)
     env, env_params = registry.make(env_values["name"], env_values.get("options"), **(env_values.get("params") or {}))
+    check_agent_kind(algo_name, env, env_values["name"])
     agent_module = algorithms.bind_host_inputs(algo_name, agent_module, algo_values, env_values["name"])
     sweep_values = OmegaConf.to_container(cfg.sweep, resolve=True) if cfg.get("sweep") else {}
     grid = sweep.build_grid(sweep_values, algo_values, agent_module, loop.build_agent_config)

@@ -58,6 +58,14 @@ class RunSettings:
         unknown = sorted(set(values) - valid)
         if unknown:
             raise ConfigError(f"run.{unknown[0]}: unknown field; valid: {', '.join(sorted(valid))}")
+        kinds = {"num_seeds": (int,), "seed": (int,), "chunk_updates": (int, None), "eval_every_chunks": (int,),
+                  "eval_episodes": (int,), "checkpoint_every_chunks": (int,), "eval_greedy": (bool,),
+                  "progress": (bool,), "stop_at_return": (float, None), "compile_cache": (str, None)}
+        for field, allowed in kinds.items():
+            if field in values and not _is_one_of(values[field], allowed):
+                names = " or ".join("null" if kind is None else {int: "an integer", float: "a number", bool: "true or false",
+                                                                str: "a path"}[kind] for kind in allowed)
+                raise ConfigError(f"run.{field}={values[field]!r}: must be {names}")
         settings = cls(**values)
         rules = [
             ("num_seeds", settings.num_seeds >= 1, "must be >= 1"),
@@ -70,6 +78,15 @@ class RunSettings:
             if not ok:
                 raise ConfigError(f"run.{field}={getattr(settings, field)!r}: {rule}")
         return settings
+
+
+def _is_one_of(value, kinds: tuple) -> bool:
+    """Whether ``value`` is of one of ``kinds`` (``None`` for null); a bool is not an integer here."""
+    if value is None:
+        return None in kinds
+    if isinstance(value, bool):
+        return bool in kinds
+    return any(kind is not None and isinstance(value, (int, float) if kind is float else kind) for kind in kinds)
 
 
 def build_agent_config(agent_module, values: dict):

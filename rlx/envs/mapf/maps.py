@@ -81,6 +81,8 @@ def parse_movingai(path: str | Path) -> np.ndarray:
     wrong length, an unknown terrain character, too few rows.
     """
     path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such map file")
     lines = path.read_text().splitlines()
 
     def fail(line_number: int, message: str):

@@ -170,6 +170,9 @@ def validate(run_dirs: list[Path], maps: int = 256, counts: tuple[int, ...] = (3
 
 
 def train(preset: str, run_dir: Path, overrides: tuple[str, ...]) -> None:
+    from rlx.reproduce import set_aside_earlier_run
+
+    set_aside_earlier_run(run_dir)
     command = [sys.executable, "-m", "rlx.train", f"+exp={preset}", f"hydra.run.dir={run_dir}", *overrides]
     print(f"[mapf_random] {' '.join(command[1:])}", flush=True)
     subprocess.run(command, check=True)
