@@ -157,7 +157,7 @@ def test_truncation_bootstraps_and_termination_does_not():
         ("rms_decay", 1.0, "rms_decay=1.0: must be in [0, 1)"),
         ("num_envs", 0, "num_envs=0: must be >= 1"),
         ("total_timesteps", 100, "total_timesteps=100: must be >= one batch (num_envs*num_steps=128)"),
-        ("hidden_sizes", (64, 0), "hidden_sizes=(64, 0): every width must be >= 1"),
+        ("hidden_sizes", (64, 0), "hidden_sizes=(64, 0): every width must be an integer >= 1"),
         ("activation", "sigmoid", "activation='sigmoid': must be one of"),
         ("optimizer", "sgd", "optimizer='sgd': must be one of ['rmsprop', 'adam']"),
     ],

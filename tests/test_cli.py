@@ -125,6 +125,8 @@ def test_unknown_environment_name_in_config(run_cli):
         ("+algo.learning_rate=0.1", "algo.learning_rate: unknown field; valid:"),
         ("+env.params.gravity_x=1", "env.params.gravity_x: unknown parameter of CartPole-v1"),
         ("run.eval_greedy=maybe", "run.eval_greedy='maybe': must be true or false"),
+        ("algo.torso=cnn", "algo.torso='cnn': needs HxWxC observations, this environment's have shape (4,)"),
+        ("algo.hidden_sizes=[64.5]", "algo.hidden_sizes=(64.5,): every width must be an integer >= 1"),
         ("run.seed=abc", "run.seed='abc': must be an integer"),
         ("env=coop", "env=Coop: algo=ppo trains on single-agent environments, and Coop is not one; single-agent "
                      "environments: Acrobot-v1,"),

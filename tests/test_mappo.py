@@ -435,7 +435,7 @@ def test_group_baseline_shares_environment_randomness_inside_groups_only():
         (dict(baseline="group", num_envs=12, group_size=8), "group_size=8: must divide num_envs=12"),
         (dict(gru_size=0), "gru_size=0: must be >= 1"),
         (dict(rollout_unroll=0), "rollout_unroll=0: must be >= 1"),
-        (dict(hidden_sizes=(16, 0)), r"hidden_sizes=\(16, 0\): every width must be >= 1"),
+        (dict(hidden_sizes=(16, 0)), r"hidden_sizes=\(16, 0\): every width must be an integer >= 1"),
         (dict(activation="sigmoid"), "activation='sigmoid': must be one of"),
         (dict(total_timesteps=100, num_envs=4, num_steps=64), "total_timesteps=100: must be >= one batch"),
     ],

@@ -161,7 +161,7 @@ def test_gae_matches_numpy_reference_with_termination_and_truncation():
         (dict(num_envs=8, num_minibatches=3), "num_minibatches=3: must divide num_envs=8"),
         (dict(lr=0.0), "lr=0.0: must be > 0"),
         (dict(gru_size=0), "gru_size=0: must be >= 1"),
-        (dict(head_sizes=(16, 0)), r"head_sizes=\(16, 0\): every width must be >= 1"),
+        (dict(head_sizes=(16, 0)), r"head_sizes=\(16, 0\): every width must be an integer >= 1"),
         (dict(activation="sigmoid"), "activation='sigmoid': must be one of"),
         (dict(total_timesteps=100, num_envs=4, num_steps=64), "total_timesteps=100: must be >= one batch"),
     ],

@@ -113,7 +113,8 @@ def validate(config: Config) -> None:
             config.num_envs >= 1 and config.num_steps >= 1 and config.num_updates >= 1,
             f"must be >= one batch (num_envs*num_steps={config.batch_size})",
         ),
-        ("hidden_sizes", all(int(h) >= 1 for h in config.hidden_sizes), "every width must be >= 1"),
+        ("hidden_sizes", all(isinstance(h, (int, np.integer)) and h >= 1 for h in config.hidden_sizes),
+         "every width must be an integer >= 1"),
         ("activation", config.activation in ACTIVATIONS, f"must be one of {sorted(ACTIVATIONS)}"),
         ("optimizer", config.optimizer in OPTIMIZERS, f"must be one of {list(OPTIMIZERS)}"),
     ]

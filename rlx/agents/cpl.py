@@ -136,7 +136,8 @@ def validate(config: Config) -> None:
         ("objective", config.objective in OBJECTIVES, f"must be one of {list(OBJECTIVES)}"),
         ("num_updates", config.num_updates >= 1, "must be >= 1"),
         ("batch_size", config.batch_size >= 1, "must be >= 1"),
-        ("hidden_sizes", all(int(h) >= 1 for h in config.hidden_sizes), "every width must be >= 1"),
+        ("hidden_sizes", all(isinstance(h, (int, np.integer)) and h >= 1 for h in config.hidden_sizes),
+         "every width must be an integer >= 1"),
         ("activation", config.activation in ACTIVATIONS, f"must be one of {sorted(ACTIVATIONS)}"),
         ("policy", config.policy in POLICIES, f"must be one of {list(POLICIES)}"),
     ]

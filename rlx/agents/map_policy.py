@@ -136,8 +136,9 @@ def validate(config: Config) -> None:
         ("samples_per_episode", 1 <= config.samples_per_episode <= config.num_steps, "must be in [1, num_steps]"),
         ("decode_rounds", config.decode_rounds >= 1, "must be >= 1"),
         ("message_heads", config.message_heads >= 0, "must be >= 0 (0: no messages between agents)"),
-        ("channels", len(config.channels) >= 1 and all(int(c) >= 1 for c in config.channels),
-         "needs at least one layer, every width >= 1"),
+        ("channels", len(config.channels) >= 1
+         and all(isinstance(c, (int, np.integer)) and c >= 1 for c in config.channels),
+         "needs at least one layer, every width an integer >= 1"),
         ("total_timesteps", config.num_updates >= 1, f"must be >= one batch ({config.batch_size})"),
     ]
     for field, ok, rule in rules:

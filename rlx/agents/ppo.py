@@ -111,7 +111,8 @@ def validate(config: Config) -> None:
             config.num_envs >= 1 and config.num_steps >= 1 and config.num_updates >= 1,
             f"must be >= one batch (num_envs*num_steps={config.batch_size})",
         ),
-        ("hidden_sizes", all(int(h) >= 1 for h in config.hidden_sizes), "every width must be >= 1"),
+        ("hidden_sizes", all(isinstance(h, (int, np.integer)) and h >= 1 for h in config.hidden_sizes),
+         "every width must be an integer >= 1"),
         ("activation", config.activation in ACTIVATIONS, f"must be one of {sorted(ACTIVATIONS)}"),
         ("torso", config.torso in TORSOS, f"must be one of {list(TORSOS)}"),
     ]
@@ -388,12 +389,18 @@ def action_spec(env, env_params):
     return int(np.prod(space.shape)), True, low, high
 
 
-def make(config: Config, env, env_params) -> Agent:
-    """Build PPO's pure functions for one environment."""
-    action_dim, continuous, low, high = action_spec(env, env_params)
+def validate_for_env(config: Config, env, env_params) -> None:
+    """The check that needs the environment: a convolutional torso reads HxWxC observations."""
     obs_shape = env.observation_space(env_params).shape
     if config.torso == "cnn" and len(obs_shape) != 3:
         raise ValueError(f"torso='cnn': needs HxWxC observations, this environment's have shape {obs_shape}")
+
+
+def make(config: Config, env, env_params) -> Agent:
+    """Build PPO's pure functions for one environment."""
+    validate_for_env(config, env, env_params)
+    action_dim, continuous, low, high = action_spec(env, env_params)
+    obs_shape = env.observation_space(env_params).shape
     network = ActorCritic(
         action_dim, continuous, tuple(config.hidden_sizes), config.activation, config.init_log_std,
         config.torso, len(obs_shape),

@@ -116,9 +116,11 @@ def validate(config: Config) -> None:
             config.num_updates >= 1,
             f"must be >= one batch (num_envs*num_steps={config.batch_size})",
         ),
-        ("hidden_sizes", all(int(h) >= 1 for h in config.hidden_sizes), "every width must be >= 1"),
+        ("hidden_sizes", all(isinstance(h, (int, np.integer)) and h >= 1 for h in config.hidden_sizes),
+         "every width must be an integer >= 1"),
         ("gru_size", config.gru_size >= 1, "must be >= 1"),
-        ("head_sizes", all(int(h) >= 1 for h in config.head_sizes), "every width must be >= 1"),
+        ("head_sizes", all(isinstance(h, (int, np.integer)) and h >= 1 for h in config.head_sizes),
+         "every width must be an integer >= 1"),
         ("activation", config.activation in ACTIVATIONS, f"must be one of {sorted(ACTIVATIONS)}"),
     ]
     for field, ok, rule in rules:
