@@ -76,7 +76,7 @@ def test_nan_stops_at_its_update_and_the_last_good_checkpoint_loads(tmp_path):
     with pytest.raises(loop.NonFiniteError, match="non-finite loss at update 8;"):
         train(tmp_path)
     state, progress = checkpoints.load_raw(tmp_path)
-    assert progress == {"updates_done": 6, "chunks_done": 2}  # chunk 3 (updates 7-9) held the NaN
+    assert progress == {"updates_done": 6, "chunks_done": 2, "stopped": False}  # chunk 3 (updates 7-9): the NaN
     assert state["counter"].tolist() == [6.0, 6.0]
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 2
@@ -117,3 +117,13 @@ def test_progress_in_a_log_file_is_plain_full_lines_at_most_every_log_every_seco
     on_terminal = console_module.ProgressView("run", 10, console=Console(file=io.StringIO(), force_terminal=True))
     assert on_terminal.live and not view.live  # a terminal gets the bar that redraws in place
     on_terminal.close()
+
+
+def test_cpu_devices_auto_counts_the_cores_this_process_may_use(monkeypatch):
+    import os
+
+    from rlx.runner import compile_cache
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3}, raising=False)  # e.g. `taskset -c 3`
+    assert compile_cache.cpu_device_count("auto") == 1
+    assert compile_cache.cpu_device_count(3) == 3

@@ -31,9 +31,11 @@ def set_xla_flags() -> None:
 
 
 def cpu_device_count(setting) -> int:
-    """How many CPU devices ``run.cpu_devices`` asks for: ``auto`` is one per core."""
+    """How many CPU devices ``run.cpu_devices`` asks for: ``auto`` is one per core this process may use
+    (its CPU affinity, which taskset, cgroups and SLURM set; not every core of the machine)."""
     if setting == "auto":
-        return os.cpu_count() or 1
+        usable = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+        return len(usable) if usable else os.cpu_count() or 1
     if isinstance(setting, bool) or not isinstance(setting, int) or setting < 1:
         from rlx.errors import ConfigError
 

@@ -80,6 +80,15 @@ class RunSettings:
         return settings
 
 
+def fetch(tree):
+    """``tree``'s arrays on the host, whole: across processes (multi-host), gathered from all of them first."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        return multihost_utils.process_allgather(tree, tiled=True)
+    return jax.device_get(tree)
+
+
 def _is_one_of(value, kinds: tuple) -> bool:
     """Whether ``value`` is of one of ``kinds`` (``None`` for null); a bool is not an integer here."""
     if value is None:
@@ -391,12 +400,12 @@ class Programs:
     def chunk(self, state, num_updates: int, first_update: int):
         """Run updates ``first_update`` to ``first_update + num_updates - 1``; metrics ``[update, grid point, seed]``."""
         state, metrics = self.chunk_program(num_updates)(self.config, self.pad_seeds(state), jnp.int32(first_update))
-        metrics = self._real_seeds(jax.device_get(metrics), axis=2 if self.swept else 1)  # [update, grid?, seed, ...]
+        metrics = self._real_seeds(fetch(metrics), axis=2 if self.swept else 1)  # [update, grid?, seed, ...]
         return self.unpad_seeds(state), metrics if self.swept else {name: v[:, None] for name, v in metrics.items()}
 
     def evaluation(self, state, keys) -> Evaluation:
         """Evaluation returns and episode outcomes, each ``[grid point, seed, episode]``."""
-        result = jax.device_get(self.evaluate(self.config, self.pad_seeds(state.policy), self.pad_seeds(keys, axis=0)))
+        result = fetch(self.evaluate(self.config, self.pad_seeds(state.policy), self.pad_seeds(keys, axis=0)))
         returns, outcomes = self._real_seeds(result if self.swept else jax.tree.map(lambda x: x[None], result), axis=1)
         return Evaluation(returns, outcomes)
 
