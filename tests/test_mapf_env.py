@@ -76,6 +76,12 @@ def test_pool_refuses_bad_instances():
         instances.from_instances([(split, np.array([[0, 0]]), np.array([[0, 2]]))])
     with pytest.raises(ConfigError, match="share a start"):
         instances.from_instances([(grid, np.array([[0, 0], [0, 0]]), np.array([[0, 1], [1, 1]]))])
+    two, three = np.array([[[0, 1], [1, 0]]]), np.array([[[0, 1], [1, 0], [1, 1]]])  # goal sequences of one agent
+    with pytest.raises(ConfigError, match="instance 0: 2 goals per agent do not divide the pool's longest sequence"):
+        instances.from_instances([(grid, np.array([[0, 0]]), two), (grid, np.array([[0, 0]]), three)])
+    pool = instances.from_instances([(grid, np.array([[0, 0]]), two),
+                                     (grid, np.array([[0, 0]]), np.tile(two, (1, 2, 1)))])
+    np.testing.assert_array_equal(pool.goals[0, 0], [[0, 1], [1, 0], [0, 1], [1, 0]])  # the cycle, repeated whole
 
 
 def test_registry_builds_mapf_and_lists_valid_options():

@@ -68,6 +68,14 @@ HEAD_ON_AT_THE_POCKET = [(np.array([[0, 2], [2, 2]]), np.array([[2, 2], [0, 0]])
                          (np.array([[0, 3], [1, 2]]), np.array([[2, 2], [0, 4]]))]
 
 
+@pytest.mark.parametrize("solver", ["pibt", "pibt_swap", "prioritized", "lacam"])
+def test_agents_that_start_on_their_goals_need_no_steps(solver):
+    grid = maps.from_strings(["..."])
+    solution = experts.SOLVERS[solver](grid, np.array([[0, 1]]), np.array([[0, 1]]), 16)
+    assert solution.finished.all() and solution.actions.shape == (len(solution.paths) - 1, 1)
+    assert experts.joint_actions([solution], 4, 1).shape == (1, 4, 1)
+
+
 def test_lacam_solves_a_corridor_swap_where_pibt_goes_round_in_circles():
     """Two agents swap ends of a corridor with one side pocket, a third must end on the pocket's mouth:
     PIBT keeps pushing back and forth; LaCAM's search over joint configurations finds the detour."""

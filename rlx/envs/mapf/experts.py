@@ -32,7 +32,7 @@ class Solution:
     def actions(self) -> np.ndarray:
         """``int[T, n]``: the environment actions that follow the paths."""
         deltas = np.diff(self.paths, axis=0)
-        return np.vectorize(lambda dr, dc: MOVE_CODES[(dr, dc)])(deltas[..., 0], deltas[..., 1])
+        return np.vectorize(lambda dr, dc: MOVE_CODES[(dr, dc)], otypes=[np.int64])(deltas[..., 0], deltas[..., 1])
 
 
 def distances_to(blocked: np.ndarray, goal) -> np.ndarray:

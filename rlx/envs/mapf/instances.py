@@ -21,7 +21,8 @@ def from_instances(instances: list[tuple], max_steps_in_episode: int = 64, rando
 
     Maps are padded with obstacles to the largest (or the given ``shape``),
     agent slots to the most agents (or ``num_agents``; unused slots are masked
-    out), goal sequences to the longest by repeating each one cyclically.
+    out), goal sequences to the longest by repeating each one cyclically (so each length must divide the
+    longest: a sequence cut mid-cycle would hand out goals in another order than the instance's own cycle).
     """
     if not instances:
         raise ConfigError("an instance pool needs at least one instance")
@@ -34,6 +35,10 @@ def from_instances(instances: list[tuple], max_steps_in_episode: int = 64, rando
         height, width = shape
     slots = num_agents or max(len(s) for _, s, _ in instances)
     length = max(g.shape[1] for g in goal_lists)
+    uneven = [i for i, g in enumerate(goal_lists) if length % g.shape[1]]
+    if uneven:
+        raise ConfigError(f"instance {uneven[0]}: {goal_lists[uneven[0]].shape[1]} goals per agent do not divide the "
+                          f"pool's longest sequence ({length}); give every instance as many goals, or a divisor")
     count = len(instances)
     blocked = np.ones((count, height, width), bool)
     sizes = np.zeros((count, 2), np.int32)

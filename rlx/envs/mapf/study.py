@@ -326,7 +326,8 @@ def render(rows: dict, maps: int, quick: bool, seconds: float, tasks: tuple[str,
     for label, per_n in rows.items():
         cells = [f"{per_n[n]['csr']:.2f} / {per_n[n]['isr']:.2f}" if n in per_n else "—" for n in AGENT_COUNTS]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    lines += ["", "Sum of costs / makespan over the solved instances:", "",
+    lines += ["", "Sum of costs / makespan over the solved instances (each method's own: a method that solves fewer, "
+              "easier maps looks cheaper, so compare these only between rows of similar CSR):", "",
               "| method | " + " | ".join(f"N={n}" for n in AGENT_COUNTS) + " |",
               "|---|" + "---:|" * len(AGENT_COUNTS)]
     for label, per_n in rows.items():
