@@ -88,13 +88,17 @@ def test_seeds_that_do_not_split_evenly_are_padded_and_a_lone_seed_stays_on_one_
 
 
 def test_cpu_devices_default_uses_every_core(tmp_path, monkeypatch):
-    """run.cpu_devices=auto shows each core as a device (here via os.cpu_count patched in a child)."""
+    """run.cpu_devices=auto shows each core the process may use as a device (its affinity, as taskset or SLURM
+    set it; the machine's count where the platform has no affinity)."""
     from rlx.runner import compile_cache
 
     monkeypatch.setenv("XLA_FLAGS", "")
-    monkeypatch.setattr(compile_cache.os, "cpu_count", lambda: 3)
+    monkeypatch.setattr(compile_cache.os, "sched_getaffinity", lambda pid: {0, 2, 5}, raising=False)
+    monkeypatch.setattr(compile_cache.os, "cpu_count", lambda: 64)
     compile_cache.set_cpu_devices("auto")
     assert "--xla_force_host_platform_device_count=3" in os.environ["XLA_FLAGS"]
+    monkeypatch.delattr(compile_cache.os, "sched_getaffinity")
+    assert compile_cache.cpu_device_count("auto") == 64
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=5")
     compile_cache.set_cpu_devices(2)  # the user's own flag wins
     assert os.environ["XLA_FLAGS"] == "--xla_force_host_platform_device_count=5"

@@ -118,12 +118,3 @@ def test_progress_in_a_log_file_is_plain_full_lines_at_most_every_log_every_seco
     assert on_terminal.live and not view.live  # a terminal gets the bar that redraws in place
     on_terminal.close()
 
-
-def test_cpu_devices_auto_counts_the_cores_this_process_may_use(monkeypatch):
-    import os
-
-    from rlx.runner import compile_cache
-
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3}, raising=False)  # e.g. `taskset -c 3`
-    assert compile_cache.cpu_device_count("auto") == 1
-    assert compile_cache.cpu_device_count(3) == 3
