@@ -60,6 +60,11 @@ def test_rerunning_one_task_replaces_its_rows_and_keeps_the_others(tmp_path, mon
     table = (tmp_path / "results_quick.md").read_text()
     assert "--tasks dagger`, which re-evaluated those rows and kept the others" in table
     assert "0.90 / 1.00" in table and "0.50 / 1.00" in table
+    assert "| lifelong |" not in table and "| evaluated |" not in table  # the json's other keys are not rows
+    study.reproduce(tmp_path, quick=True, skip_training=True, tasks=("dagger",))  # again, from a json with "evaluated"
+    table = (tmp_path / "results_quick.md").read_text()
+    assert "| lifelong |" not in table and "| evaluated |" not in table
+    assert "rows evaluated: baselines 2026-12-04 23:41 UTC" in table
 
 
 def test_unknown_tasks_and_missing_saved_tables_are_refused_before_any_work(tmp_path):

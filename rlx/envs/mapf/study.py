@@ -220,6 +220,9 @@ def merge_rows(fresh: dict, kept: dict, tasks: tuple[str, ...]) -> dict:
             for label, values in (fresh if task in tasks else kept).items() if row_task(label) == task}
 
 
+SAVED_EXTRAS = ("lifelong", "evaluated")  # results.json keys beside the table's rows
+
+
 def saved_results(out: Path, quick: bool, tasks: tuple[str, ...]) -> dict:
     """The saved table's json when only some ``tasks`` are rerun (their rows replace the saved ones), else {};
     ``evaluated`` (each task's evaluation time) falls back on the saved markdown's "Generated" line."""
@@ -230,7 +233,7 @@ def saved_results(out: Path, quick: bool, tasks: tuple[str, ...]) -> dict:
     saved, markdown = out / f"results{suffix}.json", out / f"results{suffix}.md"
     if not saved.is_file():
         raise SystemExit(f"--tasks {','.join(tasks)}: no saved {saved} to keep the other rows from; run them all")
-    results = {label: value if label in ("lifelong", "evaluated") else {int(n): row for n, row in value.items()}
+    results = {label: value if label in SAVED_EXTRAS else {int(n): row for n, row in value.items()}
                for label, value in json.loads(saved.read_text()).items()}  # json keys are strings: N back to int
     if "evaluated" not in results:
         generated = markdown.read_text().split("Generated ", 1)[1].split(" by ", 1)[0] if markdown.is_file() else "?"
@@ -273,7 +276,7 @@ def reproduce(out: Path, quick: bool, skip_training: bool, tasks: tuple[str, ...
     lifelong = lifelong_rows(maps, loaded, with_baselines="baselines" in tasks)
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     evaluated = {task: stamp if task in tasks else saved["evaluated"][task] for task in TASKS}
-    rows = merge_rows(rows, saved, tasks)
+    rows = merge_rows(rows, {label: row for label, row in saved.items() if label not in SAVED_EXTRAS}, tasks)
     lifelong = merge_rows(lifelong, saved.get("lifelong", {}), tasks)
     results = out / ("results_quick.md" if quick else "results.md")
     results.write_text(render(rows, maps, quick, time.time() - started, tasks, evaluated)
