@@ -75,13 +75,14 @@ def resume_config(cfg, overrides: list[str]):
     """
     from omegaconf import OmegaConf
 
-    from rlx.runner.artifacts import flatten_dict
+    from rlx.runner.artifacts import flatten_dict, read_metrics
 
     resume_dir = Path(cfg.run.resume)
     saved_path = resume_dir / "config.yaml"
     if not saved_path.is_file():
         raise ConfigError(f"run.resume={resume_dir}: no config.yaml there; not an rlx run directory")
     saved = OmegaConf.load(saved_path)
+    read_metrics(resume_dir / "metrics.jsonl")  # a malformed line fails here, before anything compiles
     if all(o.lstrip("+~").startswith(RESUME_MAY_CHANGE + ("logger=", "hydra.")) for o in overrides):
         given = {key: cfg.run[key] for key in ("compile_cache", "cpu_devices")
                  if any(o.lstrip("+~").startswith(f"run.{key}=") for o in overrides)}

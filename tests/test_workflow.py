@@ -162,6 +162,11 @@ def test_resume_from_missing_or_corrupt_checkpoints_fails_in_one_line(uninterrup
     code, stderr = train_in_process(f"run.resume={broken}", "logger=none")
     assert code == 2 and "no checkpoint directory" in stderr
 
+    (broken / "metrics.jsonl").write_text('{"update": 1}\n{oops\n{"update": 2}\n')
+    code, stderr = train_in_process(f"run.resume={broken}", "logger=none")
+    assert code == 2 and f"{broken / 'metrics.jsonl'}, line 2: not a JSON line" in stderr, stderr
+    (broken / "metrics.jsonl").unlink()
+
     (broken / "checkpoints" / "3").mkdir(parents=True)
     (broken / "checkpoints" / "3" / "state").mkdir()
     (broken / "checkpoints" / "3" / "state" / "garbage").write_bytes(b"\x00not a checkpoint")
