@@ -147,10 +147,9 @@ def execute(cfg, run_dir: Path, imported_seconds: float, started: float = _PROCE
     counter = compile_cache.enable(cache_dir)
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    if resume_dir is None:
-        check_fresh_run_dir(run_dir)
     config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
     if resume_dir is None:
+        check_fresh_run_dir(run_dir)
         (run_dir / "config.yaml").write_text(config_yaml)
     summary = {
         "experiment": cfg.exp_name,
