@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -31,7 +29,7 @@ import numpy as np
 
 from rlx.envs.mapf import evaluation, instances
 from rlx.envs.mapf.env import MAP_OBSERVATIONS, MapfEnv
-from rlx.reproduce import check_tasks
+from rlx.reproduce import check_tasks, train_preset
 
 AGENT_COUNTS = (8, 16, 32, 64)
 HORIZON = 128
@@ -169,15 +167,6 @@ def validate(run_dirs: list[Path], maps: int = 256, counts: tuple[int, ...] = (3
     return results
 
 
-def train(preset: str, run_dir: Path, overrides: tuple[str, ...]) -> None:
-    from rlx.reproduce import set_aside_earlier_run
-
-    set_aside_earlier_run(run_dir)
-    command = [sys.executable, "-m", "rlx.train", f"+exp={preset}", f"hydra.run.dir={run_dir}", *overrides]
-    print(f"[mapf_random] {' '.join(command[1:])}", flush=True)
-    subprocess.run(command, check=True)
-
-
 def refine_copy(source: Path, target: Path, rounds: tuple) -> None:
     """``target``: a copy of the finished run ``source`` refined by DAgger ``rounds``; the copy keeps the
     behaviour-cloning run for its own row. A ``target`` whose ``dagger.json`` records the same rounds on the
@@ -257,7 +246,7 @@ def reproduce(out: Path, quick: bool, skip_training: bool, tasks: tuple[str, ...
         quick_overrides = ("algo.total_timesteps=4096", "env.options.pool_size=16", "run.eval_episodes=4")
         for task, preset, run_dir in (("map_policy", "mapf_map_policy", cloned), ("mappo", "mappo_mapf_random", mappo)):
             if task in tasks:
-                train(preset, run_dir, quick_overrides if quick else ())
+                train_preset(preset, run_dir, 1, quick_overrides if quick else ())  # the presets train one seed
         if "dagger" in tasks or "map_policy" in tasks:
             refine_copy(cloned, refined, QUICK_DAGGER_ROUNDS if quick else DAGGER_ROUNDS)
     learned = {"map_policy": (POLICY_LABEL, cloned), "dagger": (DAGGER_LABEL, refined), "mappo": (MAPPO_LABEL, mappo)}
