@@ -35,6 +35,10 @@ def test_time_and_event_stepping_indices():
         features.decision_indices(day, "event", 1.0, 0.0)
     with pytest.raises(ConfigError, match="valid: time, event"):
         features.decision_indices(day, "tick", 1.0, 1.0)
+    # Event decisions are unevenly spaced in time: the closed forms read the time left from the decisions' clocks.
+    uneven = flat_day(30, mids=[0] * 3 + [1] * 12 + [3] * 15)
+    params = book.build_params([uneven], "event", 1.0, 9.0, LEVELS)
+    np.testing.assert_array_equal(params.elapsed[0, : int(params.num_steps[0])], [0.0, 3.0, 15.0])
 
 
 def test_trades_are_assigned_to_steps_and_levels():
@@ -179,6 +183,9 @@ def test_flatten_closes_at_market_with_taker_fee_and_day_end_flattens():
     out = run_actions(env, params, [action_for(1, 15), book.DO_NOTHING, book.DO_NOTHING])
     assert float(out[1][0].inventory) == 1.0 and not out[1][2]
     assert out[2][2] and float(out[2][3]["inventory"]) == 0.0  # flattened at the day's end
+    assert [float(o[3]["market_orders"]) for o in out] == [0.0, 0.0, 1.0]  # the day-end close is one
+    out = run_actions(env, params, [action_for(1, 15), book.FLATTEN, book.FLATTEN])
+    assert [float(o[3]["market_orders"]) for o in out] == [0.0, 1.0, 0.0]  # flattening nothing sends nothing
 
 
 def test_random_play_conserves_wealth_and_respects_the_inventory_limit():
@@ -241,6 +248,9 @@ def test_event_stepping_changes_the_number_of_decisions_and_vmaps_over_days():
 def test_bad_options_give_clear_errors():
     with pytest.raises(ConfigError, match="unknown reward 'pnl'; valid: positional, positional_fills"):
         registry.make("market_book", {"reward": "pnl", "num_days": 1})
+    for index in (9, -1, 2.5, True):  # lax.switch would clamp an index to the nearest reward
+        with pytest.raises(ConfigError, match=f"reward: {index!r} is neither a reward name nor an index below 7"):
+            registry.make("market_book", {"reward": index, "num_days": 1})
     day = flat_day(30)
     with pytest.raises(ConfigError, match="levels: 10 < 15"):
         book.build_params([day], levels=10)
@@ -286,8 +296,48 @@ def test_study_welch_interval_matches_scipy():
     assert diff - half == pytest.approx(interval.low) and diff + half == pytest.approx(interval.high)
 
 
-def test_study_calibration_recovers_a_decaying_fill_intensity():
+def sweeping_day(seconds: int, order_chance: float, keep_going: float, seed: int = 0) -> BookDay:
+    """A still book (bid 100, ask 101) hit on each side each second with chance ``order_chance`` by one market
+    order that sweeps one more level with chance ``keep_going`` each time, leaving one trade record per level."""
+    rng = np.random.default_rng(seed)
+    levels = 12
+    times, prices, sides = [], [], []
+    for second in range(seconds):
+        for side, best, direction in ((-1, 100, -1), (1, 101, 1)):
+            if rng.random() < order_chance:
+                reach = min(rng.geometric(1 - keep_going) - 1, levels - 1)  # levels beyond the best: P(>= j) = keep_going^j
+                for level in range(reach + 1):
+                    times.append(second + 0.5 + 1e-3 * level)
+                    prices.append(best + direction * level)
+                    sides.append(side)
+    order = np.argsort(times, kind="stable")
+    snapshots = seconds + 1
+    ladder = np.arange(levels)
+    return BookDay(
+        timestamps=np.arange(snapshots, dtype=np.float64),
+        bid_prices=np.tile(100 - ladder, (snapshots, 1)), bid_sizes=np.full((snapshots, levels), 5.0),
+        ask_prices=np.tile(101 + ladder, (snapshots, 1)), ask_sizes=np.full((snapshots, levels), 5.0),
+        trade_times=np.asarray(times)[order], trade_prices=np.asarray(prices)[order],
+        trade_sizes=np.ones(len(times)), trade_sides=np.asarray(sides)[order], tick_size=0.01, name="sweeps",
+    )
+
+
+def test_study_calibration_recovers_the_per_side_order_intensity():
+    """Orders reaching depth 0.5 + j ticks arrive at ``order_chance * keep_going ** j`` per side and second, so
+    k = -ln(keep_going) and A = order_chance * exp(k / 2); counting every level's record (one per level swept) or
+    both sides together would inflate A."""
     from rlx.envs.market import event_study
 
-    fit = event_study.calibrate(synthetic.generate_days(1, seed=3, market=synthetic.SyntheticMarket(levels=16, seconds=1800)))
-    assert fit["sigma"] > 0 and fit["A"] > 0 and fit["k"] > 0
+    order_chance, keep_going = 0.6, 0.5
+    fit = event_study.calibrate([sweeping_day(20_000, order_chance, keep_going)])
+    k = -np.log(keep_going)
+    assert fit["k"] == pytest.approx(k, rel=0.05)
+    assert fit["A"] == pytest.approx(order_chance * np.exp(k / 2), rel=0.05)
+    assert fit["sigma"] == 0.0  # the mid never moves
+
+
+def test_study_calibration_without_trades_says_so():
+    from rlx.envs.market import data, event_study
+
+    with pytest.raises(data.DataError, match="sweeps: too few trades"):
+        event_study.calibrate([sweeping_day(100, order_chance=0.0, keep_going=0.5)])

@@ -108,6 +108,29 @@ def test_cartea_jaimungal_table_underflow_names_the_field():
         baselines.cartea_jaimungal_value(params)
 
 
+def test_cartea_jaimungal_table_stays_finite_over_long_horizons():
+    """exp(G T) overflows near T = 7 at these rates; the value must instead grow linearly once T is long (the
+    stationary rate of the largest eigenvalue), with finite depths everywhere."""
+    values = []
+    for horizon in (10.0, 20.0, 30.0):
+        _, params = make(horizon=horizon, max_steps_in_episode=int(200 * horizon), **CJ_PENALTIES)
+        assert np.isfinite(baselines.cartea_jaimungal_depths(params)).all()
+        values.append(baselines.cartea_jaimungal_value(params))
+    assert values[2] - values[1] == pytest.approx(values[1] - values[0], rel=1e-6)
+    assert values[1] > values[0] > 0
+
+
+def test_event_rates_beyond_one_per_step_are_refused():
+    """One Bernoulli draw a step: a Hawkes market whose stationary rate exceeds 1 / dt would lose arrivals."""
+    with pytest.raises(ConfigError, match=r"stationary Hawkes mean\) \* dt must be <= 1.*at least 281 steps"):
+        make(arrival_process="hawkes", hawkes_jump=50.0, hawkes_decay=100.0)  # 140 * 100 / 50 = 280 a unit time
+    make(arrival_process="hawkes", hawkes_jump=50.0, hawkes_decay=100.0, max_steps_in_episode=281)
+    with pytest.raises(ConfigError, match="hawkes_jump: 100.0 must be >= 0 and below hawkes_decay"):
+        make(arrival_process="hawkes", hawkes_jump=100.0, hawkes_decay=100.0, max_steps_in_episode=100_000)
+    with pytest.raises(ConfigError, match="jump_rate \\* dt must be <= 1"):
+        make(price_process="jump", jump_rate=500.0)
+
+
 def rollout(env, params, depths, steps, paths, key=0):
     """Final states and per-step infos of a constant-depth policy (no auto-reset)."""
     action = jnp.asarray(depths, jnp.float32)

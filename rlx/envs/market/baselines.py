@@ -96,14 +96,18 @@ def cartea_jaimungal_h(params: QuotingParams) -> np.ndarray:
     terminal = np.exp(-float(params.terminal_penalty) * k * inventories**2)
     steps = int(params.max_steps_in_episode)
     times_left = float(params.horizon) * (1.0 - np.arange(steps + 1) / steps)
-    omega = np.stack([scipy.linalg.expm(generator * tau) @ terminal for tau in times_left])
+    # omega = expm(G tau) terminal overflows for long horizons; shifting G by its largest eigenvalue keeps it
+    # bounded (G - top I commutes with G), and the shift comes back as top * tau in log omega.
+    top = float(np.linalg.eigvalsh(generator)[-1])
+    shifted = np.eye(len(inventories)) * top
+    omega = np.stack([scipy.linalg.expm((generator - shifted) * tau) @ terminal for tau in times_left])
     if not np.all(omega > 0):
         smallest = int(np.abs(inventories[(omega <= 0).any(axis=0)]).min())
         raise ConfigError(
             f"env.params.max_inventory: {limit} is too large for the Cartea-Jaimungal table with these penalties "
             f"(exp(-penalty * q^2) underflows from |q| = {smallest}); use max_inventory <= {smallest - 1}"
         )
-    return np.log(omega) / k
+    return (np.log(omega) + top * times_left[:, None]) / k
 
 
 def cartea_jaimungal_value(params: QuotingParams) -> float:

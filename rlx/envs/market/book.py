@@ -80,6 +80,7 @@ class BookState(environment.EnvState):
 class BookParams(environment.EnvParams):
     features: jax.Array = None  # [D, S, F] scaled market features at each decision
     mid: jax.Array = None  # [D, S] ticks
+    elapsed: jax.Array = None  # [D, S] seconds from the day's first snapshot to each decision
     bid_prices: jax.Array = None  # [D, S, L] int32 ticks
     bid_sizes: jax.Array = None
     ask_prices: jax.Array = None
@@ -139,6 +140,7 @@ def build_params(days: list[BookDay], stepping: str = "time", interval: float = 
     return BookParams(
         features=stack([p[2] for p in prepared], np.float32),
         mid=stack([day.mid()[indices] for day, indices, *_ in prepared], np.float32),
+        elapsed=stack([day.timestamps[indices] - day.timestamps[0] for day, indices, *_ in prepared], np.float32),
         bid_prices=stack(pick("bid_prices"), np.int32), bid_sizes=stack(pick("bid_sizes"), np.float32),
         ask_prices=stack(pick("ask_prices"), np.int32), ask_sizes=stack(pick("ask_sizes"), np.float32),
         sell_volume=stack([p[3][0] for p in prepared], np.float32),
@@ -157,6 +159,9 @@ def reward_index(name) -> int:
         if name not in REWARDS:
             raise ConfigError(f"env.options.reward: unknown reward {name!r}; valid: {', '.join(REWARDS)}")
         return REWARDS.index(name)
+    if isinstance(name, bool) or not isinstance(name, (int, np.integer)) or not 0 <= name < len(REWARDS):
+        raise ConfigError(f"env.options.reward: {name!r} is neither a reward name nor an index below {len(REWARDS)}; "
+                          f"valid: {', '.join(REWARDS)}")
     return int(name)
 
 
@@ -234,6 +239,7 @@ class BookEnv(environment.Environment):
             realized, closed_notional = realized + step_realized, closed_notional + closed * price
             fees = fees + params.maker_fee * jnp.abs(quantity) * price
         # End of day: flatten at the next book.
+        closing = last & (inventory != 0)
         inventory, entry, realized, fees, closed_notional = self.market_close(
             last, inventory, entry, realized, fees, closed_notional, params.bid_prices[d, s + 1],
             params.bid_sizes[d, s + 1], params.ask_prices[d, s + 1], params.ask_sizes[d, s + 1], params)
@@ -247,7 +253,8 @@ class BookEnv(environment.Environment):
         step_reward, moments = reward(ledger, state.moments, params.rewards, params.taker_fee)
         new_state = new_state.replace(moments=moments)
         info = {"inventory": inventory, "wealth": self.wealth(new_state, mid_after), "bid_fill": bid_fill,
-                "ask_fill": ask_fill, "flatten": flatten.astype(jnp.float32), "day": d, "mid": mid_after}
+                "ask_fill": ask_fill, "flatten": flatten.astype(jnp.float32), "day": d, "mid": mid_after,
+                "market_orders": (flatten & (state.inventory != 0)).astype(jnp.float32) + closing.astype(jnp.float32)}
         return self.get_obs(new_state, params), new_state, step_reward, last, info
 
     def place_quotes(self, state: BookState, action, params: BookParams) -> tuple[Order, Order]:

@@ -98,7 +98,7 @@ def play_days(env: book.BookEnv, params: book.BookParams, choose):
             next_obs, next_state, _, terminated, info = env.step_env(key, state, action, day_params)
             keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(done, b, a), new, old)  # noqa: E731
             record = {"wealth": info["wealth"], "inventory": info["inventory"],
-                      "fills": info["bid_fill"] + info["ask_fill"], "market": info["flatten"],
+                      "fills": info["bid_fill"] + info["ask_fill"], "market": info["market_orders"],
                       "active": ~done}
             return (keep(next_obs, obs), keep(next_state, state), done | terminated), record
 
@@ -140,18 +140,32 @@ def summary(per_day: dict) -> dict:
 
 
 def calibrate(days: list[data_lib.BookDay]) -> dict:
-    """sigma (ticks per sqrt(s)) of the mid, and A, k of market-order reach ``A exp(-k depth)`` on training days."""
-    squares, seconds, depths = 0.0, 0.0, []
+    """sigma (ticks per sqrt(s)) of the mid, and A, k of ``A exp(-k depth)``: market orders per side and second
+    reaching ``depth`` ticks from the mid, as the closed forms define their fill intensity.
+
+    Trade records are per price level, so one order sweeping three levels leaves three; each side's records
+    within one second count as one order, at their deepest reach (several orders on a side in one second are
+    then one, which makes the fitted rate at most 1 per second and side).
+    """
+    squares, seconds, reaches = 0.0, 0.0, []
     for day in days:
         mid = day.mid()
         squares += float(np.sum(np.diff(mid) ** 2))
         seconds += float(day.timestamps[-1] - day.timestamps[0])
         before = np.clip(np.searchsorted(day.timestamps, day.trade_times) - 1, 0, None)
-        depths.append(np.abs(day.trade_prices - mid[before]))
-    depths = np.concatenate(depths)
+        depth = np.abs(day.trade_prices - mid[before])
+        second = np.floor(day.trade_times - day.timestamps[0]).astype(np.int64)
+        orders, order_of_record = np.unique(np.stack([day.trade_sides, second]), axis=1, return_inverse=True)
+        deepest = np.zeros(orders.shape[1])
+        np.maximum.at(deepest, order_of_record.ravel(), depth)
+        reaches.append(deepest)
+    reaches = np.concatenate(reaches)
     grid = np.arange(0.5, 6.0, 1.0)
-    rate = np.array([(depths >= d).sum() for d in grid]) / seconds
+    rate = np.array([(reaches >= d).sum() for d in grid]) / (2 * seconds)
     ok = rate > 0
+    if ok.sum() < 2:
+        raise data_lib.DataError(f"{', '.join(day.name for day in days)}: too few trades to fit the fill intensity "
+                                 f"(market orders reached {ok.sum()} of the depths {grid.tolist()} ticks)")
     slope, intercept = np.polyfit(grid[ok], np.log(rate[ok]), 1)
     return {"sigma": float(np.sqrt(squares / seconds)), "A": float(np.exp(intercept)), "k": float(-slope)}
 
@@ -165,7 +179,7 @@ def closed_form_chooser(kind: str, gamma: float, fit: dict, params: book.BookPar
         d, s = state.day, state.step
         mid, q = params.mid[d, s], state.inventory / params.order_size
         if kind == "as":
-            tau = horizons[d] * (1 - s / jnp.maximum(params.num_steps[d] - 1, 1))
+            tau = jnp.maximum(horizons[d] - params.elapsed[d, s], 0.0)  # decisions need not be evenly spaced
             bid_depth, ask_depth = baselines.avellaneda_stoikov_depths(gamma, sigma, k, tau, q)
         else:
             bid_depth, ask_depth = baselines.gueant_lehalle_tapia_depths(gamma, sigma, k, a, q)
