@@ -39,6 +39,23 @@ def test_movingai_parser_reads_a_map_and_names_file_and_line_of_errors(tmp_path)
         maps.parse_movingai(no_height)
     with pytest.raises(ConfigError, match=r"absent.map: no such map file"):
         maps.parse_movingai(tmp_path / "absent.map")
+    for name, content, message in (
+            ("zero.map", b"type octile\nheight 0\nwidth 3\nmap\n", r"zero.map:4: header needs a positive integer 'height'"),
+            ("binary.map", b"type octile\nheight 1\nwidth 2\nmap\n.\xff\n", r"binary.map:5: not text: byte 0xff"),
+            ("empty.map", b"", r"empty.map: empty file")):
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(ConfigError, match=message):
+            maps.parse_movingai(tmp_path / name)
+
+
+def test_impossible_instance_settings_fail_instead_of_drawing_forever():
+    with pytest.raises(ConfigError, match="num_agents: 30 agents do not fit on maps of at most 5 x 5 cells"):
+        instances.random_instances(1, 30, size=(4, 5))
+    with pytest.raises(ConfigError, match=r"num_agents: 0 of 2 maps .* density in \(0.95, 0.99\) held 16 agents"):
+        instances.random_instances(2, 16, size=(8, 8), density=(0.95, 0.99))
+    short, long = (instances.random_pool(2, 2, size=(6, 6), max_steps_in_episode=t) for t in (16, 256))
+    with pytest.raises(ConfigError, match=r"merge_pools: the pools differ in max_steps_in_episode \(16, 256\)"):
+        instances.merge_pools([short, long])
 
 
 def test_maze_is_connected_and_warehouse_has_shelves():
@@ -248,6 +265,45 @@ def test_lifelong_mode_draws_new_goals_in_the_component_and_counts_throughput():
     assert goals[0, 0] == 0 and goals[1, 0] == 2  # stays in its own row (component)
     assert not np.array_equal(goals[0], [0, 1]) and not np.array_equal(goals[1], [2, 1])
     assert float(info["throughput"]) == 2.0  # two goals in one step
+
+
+def test_lifelong_waiting_on_a_next_goal_under_foot_earns_nothing():
+    """An agent walled into one cell gets its own cell as its next goal, and a sequence may return to the
+    cell an agent stands on; standing there is not an arrival (POGEMA never hands out such goals), only
+    leaving and coming back is."""
+    grid = maps.from_strings([".#..", "##..", "...."])
+    cyclic = np.array([[[0, 0], [0, 0]], [[0, 3], [0, 3]]])  # agent 1's sequence returns to the cell it reaches
+    for random_goals, goals in ((True, np.array([[0, 0], [0, 3]])), (False, cyclic)):
+        pool = instances.from_instances([(grid, np.array([[0, 0], [0, 2]]), goals)], random_goals=random_goals)
+        env = MapfEnv(2, 1, "soft", "restart", pool)
+        _, state = env.reset_to(0, jax.random.PRNGKey(0), pool)
+        rewards = []
+        for t, joint in enumerate([[0, 4]] + [[0, 0]] * 4):
+            _, state, r, _, info = env.step_env(jax.random.PRNGKey(t), state, jnp.array(joint), pool)
+            rewards.append(np.asarray(r).tolist())
+        assert rewards[0] == [1.0, 1.0] and rewards[1:] == [[0.0, 0.0]] * 4, (random_goals, rewards)
+        assert int(state.goals_reached) == 2
+    # Leaving the cell and coming back is an arrival (agent 1: right to (0, 3), left, right again).
+    _, state = env.reset_to(0, jax.random.PRNGKey(0), pool)
+    rewards = []
+    for t, joint in enumerate([[0, 4], [0, 3], [0, 4]]):
+        _, state, r, _, _ = env.step_env(jax.random.PRNGKey(t), state, jnp.array(joint), pool)
+        rewards.append(float(r[1]))
+    assert rewards == [1.0, 0.0, 1.0]
+
+
+def test_cached_distance_fields_hold_unreachable_cells_on_large_maps():
+    """Blocked and unreachable cells are H * W away; past 32,767 cells that needs more than int16 (it
+    wrapped to a negative distance, the nearest cell there is)."""
+    from rlx.envs.mapf import first_goal_distances
+
+    grid = np.zeros((182, 182), bool)
+    grid[5, :100] = True
+    pool = instances.from_instances([(grid, np.array([[0, 0]]), np.array([[9, 9]]))])
+    cached = np.asarray(first_goal_distances(pool))
+    assert cached[0, 0, 5, 0] == 182 * 182 and cached.min() == 0
+    small = instances.from_instances([(np.zeros((20, 20), bool), np.array([[0, 0]]), np.array([[9, 9]]))])
+    assert first_goal_distances(small).dtype == jnp.int16  # a quarter of int32's memory where it fits
 
 
 def test_every_mapf_layout_builds_and_steps(tmp_path):

@@ -80,9 +80,12 @@ def make_mapf(layout: str = "random", num_agents: int = 16, obs_radius: int = 5,
 
 
 def first_goal_distances(pool: MapfParams, chunk: int = 64) -> jnp.ndarray:
-    """``int16[M, N, H, W]``: every pool instance's distance fields to its agents' first goals."""
+    """``int16[M, N, H, W]``: every pool instance's distance fields to its agents' first goals (``int32`` on
+    maps of more than 32,767 cells, whose "unreachable" value ``H * W`` int16 cannot hold)."""
     fields = jax.jit(jax.vmap(distance_fields))
-    parts = [fields(pool.blocked[i:i + chunk], pool.goals[i:i + chunk, :, 0], pool.sizes[i:i + chunk]).astype(jnp.int16)
+    cells = pool.blocked.shape[1] * pool.blocked.shape[2]
+    dtype = jnp.int16 if cells <= np.iinfo(np.int16).max else jnp.int32
+    parts = [fields(pool.blocked[i:i + chunk], pool.goals[i:i + chunk, :, 0], pool.sizes[i:i + chunk]).astype(dtype)
              for i in range(0, pool.blocked.shape[0], chunk)]
     return jnp.concatenate(parts)
 

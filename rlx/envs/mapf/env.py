@@ -89,7 +89,7 @@ class MapfParams:
     expert_actions: jax.Array | None = None  # int8[M, T, N]: an expert's joint actions (0 after it is done)
     behaviour_actions: jax.Array | None = None  # int8[M, T, N]: actions that reach the states labelled by
                                                 # expert_actions when they are not the expert's own (DAgger)
-    goal_distances: jax.Array | None = None  # int16[M, N, H, W]: distance fields to the first goals (optional cache)
+    goal_distances: jax.Array | None = None  # int16[M, N, H, W] (int32 past 32,767 cells): fields to the first goals
     committed_actions: jax.Array | None = None  # int8[M, T, N]: DAgger's recorded decoding rounds: the action an
                                                 # agent had committed to when the others were labelled (-1: none)
 
@@ -230,8 +230,8 @@ class MapfEnv(MultiAgentEnv):
             rewards = jnp.full(self.num_agents, solved, jnp.float32) * present
             terminated = jnp.broadcast_to(solved, (self.num_agents,)) | ~present
         else:
-            rewards = arriving.astype(jnp.float32)
-            state = self._with_distances(self._next_goals(key, state, arriving, params), params, arriving)
+            rewards = newly.astype(jnp.float32)  # as arriving, unless a goal was handed out under foot
+            state = self._with_distances(self._next_goals(key, state, newly, params), params, newly)
             terminated = ~present
             on_goal = jnp.all(positions == state.goals, axis=-1) & present  # the new goals, as POGEMA reports
         info = {"on_goal": on_goal, **self.metrics(state, params)}
@@ -257,9 +257,13 @@ class MapfEnv(MultiAgentEnv):
             length = params.goals.shape[2]
             index = jnp.where(arriving, (state.goal_index + 1) % length, state.goal_index)
             goals = params.goals[state.instance, jnp.arange(self.num_agents), index]
+        # A next goal on the agent's own cell (alone in its component, or a sequence that returns to where it
+        # stands) counts as reached only once the agent has left it and come back: no reward for waiting on it.
+        standing_on_it = jnp.all(goals == state.positions, axis=-1)
         return state.replace(goals=goals, goal_index=index,
                              arrived_at=jnp.where(arriving, 0, state.arrived_at),
-                             on_goal_since=jnp.where(arriving, 0, state.on_goal_since))
+                             on_goal_since=jnp.where(arriving, jnp.where(standing_on_it, state.time, 0),
+                                                     state.on_goal_since))
 
     # -- what agents and critics see ----------------------------------------------------------------
     def observations(self, state: MapfState, params: MapfParams) -> jax.Array:

@@ -85,9 +85,16 @@ def random_instances(count: int, num_agents: int, seed: int = 0, size: tuple[int
                      density: tuple[float, float] = (0.1, 0.3)) -> list[tuple]:
     """Random maps as POGEMA's benchmark draws them: side and obstacle density uniform in the ranges,
     with starts and goals from ``maps.sample_instance`` (maps too crowded for the agents are redrawn)."""
+    if num_agents > size[1] ** 2:
+        raise ConfigError(f"num_agents: {num_agents} agents do not fit on maps of at most {size[1]} x {size[1]} cells")
     rng = np.random.default_rng(seed)
-    instances = []
+    instances, draws = [], 0
     while len(instances) < count:
+        draws += 1
+        if draws > 100 * count + 1000:
+            raise ConfigError(f"num_agents: {len(instances)} of {count} maps with side in {tuple(size)} and density in "
+                              f"{tuple(density)} held {num_agents} agents with reachable distinct goals after "
+                              f"{draws - 1} draws; use fewer agents, larger maps or a lower density")
         side = int(rng.integers(size[0], size[1] + 1))
         grid = maps.random_map(side, float(rng.uniform(*density)), rng)
         try:
@@ -190,6 +197,11 @@ def merge_pools(pools: list[MapfParams], num_agents: int | None = None) -> MapfP
     """
     slots = num_agents or max(p.agent_mask.shape[1] for p in pools)
     first = pools[0]
+    for field in ("max_steps_in_episode", "random_goals"):
+        values = sorted({getattr(p, field) for p in pools})
+        if len(values) > 1:
+            raise ConfigError(f"merge_pools: the pools differ in {field} ({', '.join(map(str, values))}); "
+                              f"one pool has one")
 
     def pad(array, axis, value=0):
         if array is None:

@@ -83,10 +83,15 @@ def parse_movingai(path: str | Path) -> np.ndarray:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: no such map file")
-    lines = path.read_text().splitlines()
-
     def fail(line_number: int, message: str):
         raise ConfigError(f"{path}:{line_number}: {message}")
+
+    try:
+        lines = path.read_text().splitlines()
+    except UnicodeDecodeError as error:
+        fail(path.read_bytes()[:error.start].count(b"\n") + 1, f"not text: byte {error.object[error.start]:#04x}")
+    if not lines:
+        raise ConfigError(f"{path}: empty file, expected a MovingAI header ('type', 'height', 'width', 'map')")
 
     header, index = {}, 0
     while index < len(lines) and lines[index].strip().lower() != "map":
@@ -98,7 +103,7 @@ def parse_movingai(path: str | Path) -> np.ndarray:
     if index == len(lines):
         fail(len(lines), "no 'map' line")
     for field in ("height", "width"):
-        if field not in header or not header[field].isdigit():
+        if field not in header or not header[field].isdigit() or int(header[field]) == 0:
             fail(index + 1, f"header needs a positive integer '{field}' before 'map'")
     height, width = int(header["height"]), int(header["width"])
     rows = lines[index + 1:index + 1 + height]
