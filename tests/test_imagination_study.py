@@ -61,7 +61,23 @@ def test_table_names_the_ratios_and_judges_the_target_on_holding(tmp_path):
     table = path.read_text()
     # dyna: first = held = stays 1,024 / 2,048 (median 1,536); PPO: first 4,096 / 6,144, held = stays 6,144
     assert "first 0.30, held 0.25, stays 0.25. Target <= 0.25 (held): HOLDS" in table
-    assert "| dyna_ppo | `p` | 6.1k | 1.5k / 1.5k / 1.5k | 1.0k, 2.0k |" in table
+    assert "| dyna_ppo | `p` | 6.1k | 1.0k (5.1k) | 1.5k / 1.5k / 1.5k | 1.0k, 2.0k |" in table
+
+
+def test_table_states_each_presets_evaluation_interval(tmp_path):
+    """A preset whose update is longer than ``EVAL_EVERY`` (ppo_acrobot: 16 x 128 steps) is evaluated after
+    every update; its row says so, with the real steps its "held" window spans."""
+    hold = study.HOLD_EVALUATIONS
+
+    def row(every):  # one seed: below the target at the first evaluation, above it from the second on
+        return {"preset": "p", "budget": every * (hold + 1), "steps": [every * (i + 1) for i in range(hold + 1)],
+                "returns": [[-500.0]] + [[-50.0]] * hold, "train_seconds": 1.0, "compile_seconds": 2.0}
+
+    results = {"Acrobot-v1": {"dyna_ppo": row(1024), "PPO (model-free)": row(2048)}}
+    table = study.write_table(tmp_path / "table.md", results, quick=False).read_text()
+    assert f"evaluated every ({hold} evaluations)" in table
+    assert f"| dyna_ppo | `p` | {1024 * (hold + 1) / 1000:.1f}k | 1.0k ({1024 * hold / 1000:.1f}k) | 2.0k / 2.0k" in table
+    assert f"| PPO (model-free) | `p` | {2048 * (hold + 1) / 1000:.1f}k | 2.0k ({2048 * hold / 1000:.1f}k) | 4.1k / " in table
 
 
 # --------------------------------------------------------------------------- generalization with dreams
@@ -180,11 +196,150 @@ def test_generalization_keeps_rows_another_process_saved_while_it_ran(tmp_path, 
     monkeypatch.setattr(generalization, "dreamer_rows", other_process_finishes_meanwhile)
     monkeypatch.setattr(generalization, "reference_rows", lambda *args: {})
     monkeypatch.setattr(generalization, "optimal_returns", lambda env, n: (0.9, 0.9))
-    settings = {"quick": True, "seeds": 2, "real_steps": 2048, "grad_steps": 20, "dreamer": generalization.DREAMER,
-                "minutes": 1.0}
+    settings = {**generalization.run_settings(quick=True, seeds=2), "minutes": 1.0}
     (tmp_path / "generalization_quick.json").write_text(json.dumps({"settings": settings, "results": {}}))
     generalization.reproduce(tmp_path, quick=True, skip_training=False, tasks=("16",))
     results = json.loads((tmp_path / "generalization_quick.json").read_text())["results"]
     assert list(results) == ["16", "256"]
     assert results["16"]["classic imagination"]["test_mean"] == pytest.approx(0.15)
     assert "### N = 256 training levels" in (tmp_path / "generalization_quick.md").read_text()
+
+
+def stub_generalization_training(monkeypatch):
+    """The generalization study with its training replaced by constant rows (seeds long)."""
+    from rlx.imagination import generalization
+
+    monkeypatch.setattr(generalization, "dreamer_rows", lambda env, n, seeds, *args: {
+        "classic imagination": (np.full(seeds, 0.1), np.full(seeds, 0.2))})
+    monkeypatch.setattr(generalization, "reference_rows", lambda *args: {})
+    monkeypatch.setattr(generalization, "optimal_returns", lambda env, n: (0.9, 0.9))
+    return generalization
+
+
+def test_generalization_drops_saved_rows_made_with_other_dreams(tmp_path, monkeypatch):
+    """Rows of another N are kept only when they were made with the same dream strengths (and methods, PPO
+    and evaluation); the table then describes the settings of the rows it has."""
+    import json
+
+    generalization = stub_generalization_training(monkeypatch)
+    generalization.reproduce(tmp_path, quick=True, skip_training=False, tasks=("16",))
+    monkeypatch.setattr(generalization, "DREAMS", {**generalization.DREAMS, "dream_noise": 0.125})
+    generalization.reproduce(tmp_path, quick=True, skip_training=False, tasks=("64",))
+    saved = json.loads((tmp_path / "generalization_quick.json").read_text())
+    assert list(saved["results"]) == ["64"]  # N=16 was made with other dream strengths
+    assert saved["settings"]["dreams"]["dream_noise"] == 0.125
+    assert "'dream_noise': 0.125" in (tmp_path / "generalization_quick.md").read_text()
+
+
+def test_generalization_header_shows_the_saved_settings_not_the_modules(tmp_path, monkeypatch):
+    """``--skip-training`` re-renders rows made under other dreams and evaluation episodes than the module's
+    current ones: the header names those the rows were made with."""
+    generalization = stub_generalization_training(monkeypatch)
+    made_with, episodes = dict(generalization.DREAMS), generalization.EVAL_EPISODES
+    generalization.reproduce(tmp_path, quick=True, skip_training=False, tasks=("16",))
+    monkeypatch.setattr(generalization, "DREAMS", {**made_with, "dream_noise": 0.125})
+    monkeypatch.setattr(generalization, "EVAL_EPISODES", episodes + 1)
+    table = generalization.reproduce(tmp_path, quick=True, skip_training=True).read_text()
+    assert f"Dream strengths: {made_with}." in table and f" over {episodes} episodes per seed" in table
+
+
+def test_generalization_settings_cover_what_the_rows_depend_on():
+    import json
+
+    from rlx.imagination import generalization
+
+    settings = generalization.run_settings(quick=False, seeds=3)
+    assert json.loads(json.dumps(settings)) == settings  # compares equal to itself after a save
+    assert {"dreams", "methods", "ppo", "eval_episodes", "dreamer"} <= set(settings)
+    assert settings["ppo"]["hidden_sizes"] == list(generalization.PPO["hidden_sizes"])
+
+
+@pytest.mark.parametrize("quick", [True, False])
+def test_seeds_given_with_quick_are_used(tmp_path, monkeypatch, quick):
+    """``--seeds`` reaches both studies also under ``--quick``; without it, 2 seeds under ``--quick``."""
+    generalization = stub_generalization_training(monkeypatch)
+    used, constant_rows = [], generalization.dreamer_rows
+
+    def dreamer_rows(env, n, seeds, *args):
+        used.append(seeds)
+        return constant_rows(env, n, seeds, *args)
+
+    monkeypatch.setattr(generalization, "dreamer_rows", dreamer_rows)
+    generalization.reproduce(tmp_path, quick=quick, skip_training=False, seeds=3, tasks=("16",))
+    if quick:
+        generalization.reproduce(tmp_path, quick=True, skip_training=False, tasks=("16",))
+    assert used == ([3, 2] if quick else [3])
+
+    def evaluation_curve(preset, seeds, overrides=()):
+        used.append(seeds)
+        return {"steps": [1024], "returns": [[0.0] * seeds], "compile_seconds": 0.0, "train_seconds": 0.0,
+                "budget": 1024}
+
+    monkeypatch.setattr(study, "evaluation_curve", evaluation_curve)
+    used.clear()
+    study.reproduce(tmp_path, quick=quick, skip_training=False, seeds=3)
+    study.reproduce(tmp_path, quick=quick, skip_training=False)
+    presets = sum(len(presets) for _, presets in study.TASKS.values())
+    assert used == [3] * presets + [2 if quick else study.SEEDS] * presets
+
+
+def test_seed_count_rejects_fewer_than_one():
+    from rlx.errors import ConfigError
+    from rlx.imagination import seed_count
+
+    assert seed_count(None, True, 5) == 2 and seed_count(None, False, 5) == 5 and seed_count(4, True, 5) == 4
+    with pytest.raises(ConfigError, match=r"--seeds=0: must be >= 1"):
+        seed_count(0, False, 5)
+
+
+@pytest.mark.parametrize("module, name", [("generalization", "imagination_generalization"),
+                                          ("sample_efficiency", "imagination_efficiency"),
+                                          ("model_error", "imagination_model_error")])
+def test_skip_training_without_a_saved_json_names_the_file_and_the_command(tmp_path, module, name):
+    import importlib
+
+    from rlx.errors import ConfigError
+
+    reproduce = importlib.import_module(f"rlx.imagination.{module}").reproduce
+    with pytest.raises(ConfigError, match=rf"_quick\.json does not exist.*`python -m rlx\.reproduce {name} --quick`"):
+        reproduce(tmp_path, quick=True, skip_training=True)
+    with pytest.raises(ConfigError, match=rf"{tmp_path}/\w+\.json does not exist.*`python -m rlx\.reproduce {name}`"):
+        reproduce(tmp_path, quick=False, skip_training=True)
+
+
+def test_model_error_is_nan_at_a_horizon_no_sequence_reaches():
+    """Every sequence restarts its episode 3 steps after the context: no error is measured from h=3 on."""
+    from rlx.imagination import model_error
+
+    horizons = np.array(model_error.HORIZONS)
+    is_first = np.zeros((max(horizons), 2))
+    is_first[2] = 1.0
+    errors = np.asarray(model_error.per_horizon(np.ones((max(horizons), 2)), is_first))
+    np.testing.assert_array_equal(np.isnan(errors), horizons >= 3)
+    np.testing.assert_allclose(errors[horizons < 3], 1.0)
+    np.testing.assert_array_equal(model_error.horizon_counts(is_first), np.where(horizons < 3, 2, 0))
+
+
+def test_dreamer_multistep_error_is_nan_where_every_episode_restarted():
+    import jax
+
+    from rlx.agents import dreamer
+    from rlx.envs import registry
+
+    env, params = registry.make("CartPole-v1")
+    config = dreamer.Config(**dreamer.SMALL)
+    agent = dreamer.make(config, env, params)
+    data = dreamer.collect(config, env, params, jax.random.PRNGKey(0), 6)
+    data = data._replace(is_first=data.is_first.at[:].set(0).at[4].set(1))  # every episode restarts at step 4
+    errors = np.asarray(agent.multistep_error(agent.init(jax.random.PRNGKey(1)).learner.model, data, (1, 2), 3))
+    assert np.isfinite(errors[0]) and np.isnan(errors[1]), errors  # step 3 counted; steps 3-4 cross the restart
+
+
+def test_model_error_table_shows_a_dash_where_nothing_was_measured_and_the_counts():
+    from rlx.imagination import model_error
+
+    results = {"horizons": [1, 2], "rows": {"CartPole-v1: m": [[0.1, float("nan")]]}, "reward_error": {},
+               "sequences_per_horizon": {"CartPole-v1, held out": [3, 0]},
+               "settings": {"quick": False, "grad_steps": 1, "real_steps": 1, "seeds": 1}}
+    table = model_error.markdown(results)
+    assert "| CartPole-v1: m | 0.1000 | — |" in table and "- CartPole-v1, held out: h=1: 3, h=2: 0" in table

@@ -853,7 +853,8 @@ def make(config: Config, env, env_params) -> Agent:
         """Open-loop error per horizon: observe ``context`` steps of each sequence ``[T, B]``, then predict
         ahead with the prior (real actions, prior modes); returns the mean squared error per observation
         feature of the decoded prediction at ``context - 1 + h`` for each ``h`` in ``horizons``, counting only
-        sequences with no episode start in ``[context, context - 1 + h]``."""
+        sequences with no episode start in ``[context, context - 1 + h]`` (NaN where none is left: no error
+        was measured, and 0 would read as a perfect prediction)."""
         key = jax.random.PRNGKey(0) if key is None else key
         posts, _, _ = observe(params, jax.tree.map(lambda x: x[:context], data), key)
         start = jax.tree.map(lambda x: x[-1], posts)
@@ -871,8 +872,9 @@ def make(config: Config, env, env_params) -> Agent:
         target = flat(data.obs[context:context + max_h])
         errors = ((symexp(preds) - target) ** 2).mean(-1)  # [max_h, B]
         alive = jnp.cumprod(1.0 - data.is_first[context:context + max_h], 0)
-        out = [(errors[h - 1] * alive[h - 1]).sum() / jnp.maximum(alive[h - 1].sum(), 1.0) for h in horizons]
-        return jnp.stack(out)
+        sums = jnp.stack([(errors[h - 1] * alive[h - 1]).sum() for h in horizons])
+        counts = jnp.stack([alive[h - 1].sum() for h in horizons])
+        return jnp.where(counts > 0, sums / jnp.maximum(counts, 1.0), jnp.nan)
 
     # ------------------------------------------------------------------ imagination
 

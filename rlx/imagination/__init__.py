@@ -1,1 +1,38 @@
-"""Host-side studies of imagination-based RL (world models, dream augmentations); the agents are in ``rlx/agents``."""
+"""Host-side studies of imagination-based RL (world models, dream augmentations); the agents are in ``rlx/agents``.
+
+Also the two things every study's ``reproduce`` does alike: count its seeds and read its saved json.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def seed_count(seeds: int | None, quick: bool, default: int) -> int:
+    """The seeds a study runs: ``--seeds`` when given (also with ``--quick``), else 2 under ``--quick`` and
+    ``default`` otherwise. ``rlx.reproduce`` passes None when ``--seeds`` was not given."""
+    from rlx.errors import ConfigError
+
+    if seeds is None:
+        return 2 if quick else default
+    if seeds < 1:
+        raise ConfigError(f"--seeds={seeds}: must be >= 1 (a study needs at least one seed)")
+    return seeds
+
+
+def read_saved(path: Path, module: str, quick: bool) -> dict:
+    """The json that ``module``'s study saved at ``path``, for ``--skip-training``, which re-renders it.
+
+    A missing file is a ConfigError naming it and the command that trains and writes it, rather than a bare
+    FileNotFoundError.
+    """
+    from rlx.errors import ConfigError
+    from rlx.reproduce import CUSTOM
+
+    if not path.is_file():
+        name = next((name for name, study in CUSTOM.items() if study == module), module)
+        command = f"python -m rlx.reproduce {name}" + (" --quick" if quick else "")
+        raise ConfigError(f"--skip-training: {path} does not exist, so there is nothing to re-render; "
+                          f"`{command}` trains and writes it")
+    return json.loads(path.read_text())

@@ -37,7 +37,7 @@ COLLECT_ENVS = 32
 GRAD_STEPS = 3_000  # world-model and actor-critic gradient steps on the collected data
 EVAL_EPISODES = 256
 EVAL_STEPS = 64  # the maze's max_steps_in_episode (the level sets are traced, so it is passed explicitly)
-SEEDS = 3  # about an hour per N on one core (2026-12-03); more seeds narrow the intervals (--seeds does not reach custom studies)
+SEEDS = 3  # about an hour per N on one core (2026-12-03); more seeds narrow the intervals (--seeds N overrides it)
 DREAMS = dict(dream_noise=0.5, dream_interpolation=0.5, dream_perturbation=0.25)
 METHODS = {  # row label -> dreamer settings
     "dream-augmented imagination": DREAMS,
@@ -187,13 +187,25 @@ def summarize(train: np.ndarray, test: np.ndarray) -> dict:
             "test_mean": float(test.mean()), "train_ci95": t_interval(train), "test_ci95": t_interval(test)}
 
 
+def run_settings(quick: bool, seeds: int) -> dict:
+    """Everything a run's rows depend on, as its json saves it (so a json round trip leaves it unchanged):
+    rows of other N are kept only when these match, and the table's header is rendered from them."""
+    settings = {"quick": quick, "seeds": seeds, "real_steps": 2048 if quick else REAL_STEPS,
+                "grad_steps": 20 if quick else GRAD_STEPS, "eval_episodes": EVAL_EPISODES, "dreams": DREAMS,
+                "methods": METHODS, "dreamer": DREAMER, "ppo": PPO, "minutes": 0.0}
+    return json.loads(json.dumps(settings))  # tuples as lists, as a saved json reads back
+
+
 def markdown(results: dict, settings: dict) -> str:
+    """The table of ``results``; its header describes ``settings``, the saved ones the rows were made with."""
+    episodes = settings.get("eval_episodes", "an unrecorded number of")  # a json saved before they were kept
+    dreams = settings.get("dreams", "not recorded in this json")
     lines = [f"Measured {time.strftime('%Y-%m-%d')} on this machine's CPU"
              f"{' (--quick: tiny budgets, the numbers mean nothing)' if settings['quick'] else ''}: "
              f"{settings['seeds']} seeds, {settings['real_steps']:,} real steps of uniformly random experience per "
-             f"seed, {settings['grad_steps']:,} gradient steps; returns of sampled actions over "
-             f"{EVAL_EPISODES} episodes per seed on the training levels and on unseen levels; mean ± 95% "
-             f"Student-t interval over seeds; gap = train - test. Dream strengths: {DREAMS}. "
+             f"seed, {settings['grad_steps']:,} gradient steps; returns of sampled actions over {episodes} "
+             "episodes per seed on the training levels and on unseen levels; mean ± 95% Student-t interval over "
+             f"seeds; gap = train - test. Dream strengths: {dreams}. "
              f"{settings['minutes']:.0f} min for the N of the run that wrote last "
              "(each N about an hour on one core).", ""]
     for n, rows in sorted(results.items(), key=lambda item: int(item[0])):  # N ascending, whichever process wrote first
@@ -214,7 +226,8 @@ def markdown(results: dict, settings: dict) -> str:
 
 
 def kept_results(saved: Path, settings: dict) -> dict:
-    """The saved rows per N when they were made with ``settings`` (minutes aside); else nothing."""
+    """The saved rows per N when they were made with ``settings`` (minutes aside); else nothing (also when
+    the saved settings lack a key that ``settings`` has: rows of unknown settings are not mixed in)."""
     if not saved.exists():
         return {}
     previous = json.loads(saved.read_text())
@@ -235,22 +248,23 @@ def check_level_counts(tasks) -> tuple[int, ...]:
     return tuple(chosen)
 
 
-def reproduce(out: Path, quick: bool, skip_training: bool, seeds: int = SEEDS, tasks=None) -> Path:
+def reproduce(out: Path, quick: bool, skip_training: bool, seeds: int | None = None, tasks=None) -> Path:
     """Run every N, or the N in ``tasks`` (``skip_training``: re-render the saved json), and write
     ``generalization{_quick}.md``/``.json``. Rows of other N saved by a run with the same settings stay, also
-    those that another process running other N (``--tasks``) saves meanwhile: one process per core and N."""
+    those that another process running other N (``--tasks``) saves meanwhile: one process per core and N.
+    ``seeds``: ``--seeds`` (None: ``SEEDS``, 2 with ``quick``)."""
     from rlx.envs import registry
+    from rlx.imagination import read_saved, seed_count
 
     level_counts = check_level_counts(tasks)
+    settings = run_settings(quick, seed_count(seeds, quick, SEEDS))
     out.mkdir(parents=True, exist_ok=True)
     suffix = "_quick" if quick else ""
     saved, path = out / f"generalization{suffix}.json", out / f"generalization{suffix}.md"
     if skip_training:
-        results = json.loads(saved.read_text())
+        results = read_saved(saved, __name__, quick)
         path.write_text(markdown(results["results"], results["settings"]))
         return path
-    settings = {"quick": quick, "seeds": 2 if quick else seeds, "real_steps": 2048 if quick else REAL_STEPS,
-                "grad_steps": 20 if quick else GRAD_STEPS, "dreamer": DREAMER, "minutes": 0.0}
     env, _ = registry.make("maze")
     started, mine = time.time(), {}
     for n in level_counts:  # the files are rewritten after each N: a long study keeps what it has

@@ -51,12 +51,28 @@ def held_out(config, env, params, key):
 
 def per_horizon(errors, is_first):
     """Mean of ``errors[h - 1]`` (``[max(HORIZONS), B]``) over the sequences with no episode start in the
-    first ``h`` predicted steps, for each ``h`` in ``HORIZONS``. ``is_first``: those steps' flags."""
+    first ``h`` predicted steps, for each ``h`` in ``HORIZONS``. ``is_first``: those steps' flags. NaN at a
+    horizon no sequence reaches within its episode: there is no error to report, and 0 would read as exact."""
     import jax.numpy as jnp
 
     alive = jnp.cumprod(1.0 - is_first, 0)
-    return jnp.stack([(errors[h - 1] * alive[h - 1]).sum() / jnp.maximum(alive[h - 1].sum(), 1.0)
-                      for h in HORIZONS])
+    counts = horizon_counts(is_first)
+    sums = jnp.stack([(errors[h - 1] * alive[h - 1]).sum() for h in HORIZONS])
+    return jnp.where(counts > 0, sums / jnp.maximum(counts, 1.0), jnp.nan)
+
+
+def horizon_counts(is_first):
+    """For each ``h`` in ``HORIZONS``, how many sequences have no episode start in the first ``h`` predicted
+    steps (``is_first [max(HORIZONS), B]``): the sequences each horizon's error is averaged over."""
+    import jax.numpy as jnp
+
+    alive = jnp.cumprod(1.0 - jnp.asarray(is_first, jnp.float32), 0)
+    return jnp.stack([alive[h - 1].sum() for h in HORIZONS])
+
+
+def counted_sequences(data) -> list[int]:
+    """``horizon_counts`` of held-out ``data`` (its steps after the ``CONTEXT`` observed ones), as ints."""
+    return [int(c) for c in horizon_counts(np.asarray(data.is_first[CONTEXT:CONTEXT + max(HORIZONS)]))]
 
 
 def copy_last_error(data) -> np.ndarray:
@@ -139,6 +155,8 @@ def measure(quick: bool) -> dict:
     evaluations = {"training levels": held_out(maze_config, maze_env, train_params, jax.random.PRNGKey(101)),
                    "unseen levels": held_out(maze_config, maze_env, test_params, jax.random.PRNGKey(102))}
     rows["maze: copy the last observation"] = copy_last_error(evaluations["unseen levels"])[None]
+    counts = {"CartPole-v1, held out": counted_sequences(data),
+              **{f"maze, {label}": counted_sequences(held) for label, held in evaluations.items()}}
     reward_errors = {"CartPole-v1: dreamer (RSSM), training batches, squared": reward.tolist(),
                      "CartPole-v1: dyna_ppo, held-out slice, squared": dyna_reward.tolist()}
     for kind, config in maze_models().items():  # the study's spatial RSSM, and the flat one it replaced
@@ -149,7 +167,7 @@ def measure(quick: bool) -> dict:
             rows[f"maze: dreamer ({kind}), {label}"] = values
         reward_errors[f"maze: dreamer ({kind}), training batches, squared"] = maze_reward.tolist()
     return {"horizons": list(HORIZONS), "rows": {k: v.tolist() for k, v in rows.items()},
-            "reward_error": reward_errors,
+            "reward_error": reward_errors, "sequences_per_horizon": counts,
             "settings": {"quick": quick, "grad_steps": grad_steps, "real_steps": real_steps, "seeds": seeds}}
 
 
@@ -163,10 +181,20 @@ def markdown(results: dict) -> str:
              "| model, data | " + " | ".join(f"h={h}" for h in results["horizons"]) + " |",
              "|---|" + "---:|" * len(results["horizons"])]
     for label, values in results["rows"].items():
-        lines.append(f"| {label} | " + " | ".join(f"{v:.4f}" for v in np.mean(values, 0)) + " |")
+        lines.append(f"| {label} | " + " | ".join(error_cell(v) for v in np.mean(values, 0)) + " |")
+    if "sequences_per_horizon" in results:  # a json saved before they were recorded has none
+        lines += ["", f"Sequences averaged over per horizon (of {HELD_OUT_ENVS}; one whose episode restarts within "
+                  "the first h predicted steps is left out; a horizon with none left shows — above):", ""]
+        lines += [f"- {label}: " + ", ".join(f"h={h}: {c}" for h, c in zip(results["horizons"], counts))
+                  for label, counts in results["sequences_per_horizon"].items()]
     lines += ["", "Reward error (mean over seeds; where each agent measures it):", ""]
     lines += [f"- {label}: {np.mean(values):.4g}" for label, values in results["reward_error"].items()]
     return "\n".join(lines) + "\n"
+
+
+def error_cell(value: float) -> str:
+    """A table cell: the error, or — where no sequence was left to measure it on (NaN)."""
+    return f"{value:.4f}" if np.isfinite(value) else "—"
 
 
 def plot(results: dict, path: Path) -> None:
@@ -190,10 +218,12 @@ def plot(results: dict, path: Path) -> None:
 
 def reproduce(out: Path, quick: bool, skip_training: bool) -> Path:
     """Measure (``skip_training``: re-render the saved json) and write ``model_error{_quick}.md/.json/.png``."""
+    from rlx.imagination import read_saved
+
     out.mkdir(parents=True, exist_ok=True)
     suffix = "_quick" if quick else ""
     saved, path = out / f"model_error{suffix}.json", out / f"model_error{suffix}.md"
-    results = json.loads(saved.read_text()) if skip_training else measure(quick)
+    results = read_saved(saved, __name__, quick) if skip_training else measure(quick)
     saved.write_text(json.dumps(results, indent=1))
     path.write_text(markdown(results))
     plot(results, out / f"model_error{suffix}.png")

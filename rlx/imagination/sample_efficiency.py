@@ -3,10 +3,12 @@
 For CartPole-v1 (target 475) and Acrobot-v1 (target -100), trains the ``dyna_ppo_*`` preset and the
 model-free ``ppo_*`` preset of the same task (both with 64x64 policy and value networks), 5 seeds
 vmapped in one program per preset, and evaluates the greedy policy (32 episodes per seed) every
-``EVAL_EVERY`` real environment steps. Reports, per seed, the real environment steps at which the
-evaluation return first reaches the target ("first"), the first step from which it holds the target
-for ``HOLD_EVALUATIONS`` evaluations in a row ("held": the same test for both agents, whatever their
-budgets; the issue's target is judged on it), and the step after which it stays there until the end of
+``EVAL_EVERY`` real environment steps, rounded up to whole updates (a preset whose update is longer, as
+``ppo_acrobot``'s, is evaluated after every update; the table gives each preset's interval). Reports, per
+seed, the real environment steps at which the evaluation return first reaches the target ("first"), the
+first step from which it holds the target for ``HOLD_EVALUATIONS`` evaluations in a row ("held": the same
+number of evaluations for both agents whatever their budgets, spanning ``HOLD_EVALUATIONS`` intervals of
+real steps; the issue's target is judged on it), and the step after which it stays there until the end of
 the budget ("stays": a longer budget gives more chances to dip, so it favours the shorter run); the
 medians and the ratio dyna_ppo / PPO; and the wall-clock seconds of each run (compile time apart).
 Writes ``experiments/imagination/sample_efficiency.md`` and ``.json``.
@@ -24,6 +26,7 @@ EXPERIMENT_DIR = "imagination"
 EVAL_EPISODES = 32
 EVAL_EVERY = 1024  # real env steps between evaluations (rounded up to whole updates)
 HOLD_EVALUATIONS = 5  # "held": this many evaluations in a row at or above the target (~5k real steps)
+SEEDS = 5  # without --seeds (2 with --quick)
 # task -> (target return, {row label: preset})
 TASKS = {
     "CartPole-v1": (475.0, {"dyna_ppo": "dyna_ppo_cartpole", "PPO (model-free)": "ppo_cartpole"}),
@@ -112,23 +115,32 @@ def ratio_of_medians(model_based: list, model_free: list) -> float:
     return median_steps(model_based) / free if np.isfinite(free) else float("nan")
 
 
+def evaluation_interval(steps: list) -> int:
+    """Real env steps between a row's evaluations: ``EVAL_EVERY`` rounded up to the preset's whole updates."""
+    return int(steps[0])
+
+
 def markdown(results: dict, seeds: int, quick: bool) -> str:
     fmt = lambda v: "never" if v is None or not np.isfinite(v) else f"{v / 1000:.1f}k"  # noqa: E731
     lines = [f"Measured {time.strftime('%Y-%m-%d')} on this machine's CPU"
              f"{' (--quick: tiny budgets, the numbers mean nothing)' if quick else ''}: real env steps until the "
-             f"greedy evaluation return ({EVAL_EPISODES} episodes per seed, every ~{EVAL_EVERY} steps) reaches the "
-             f"target, {seeds} seeds per row: 'first' touch, 'held' = first step from which {HOLD_EVALUATIONS} "
-             "evaluations in a row are at or above it (the target is judged on this), 'stays' = the step after "
-             "which every later evaluation is (favours the shorter budget). Wall-clock: all seeds of a row "
-             "trained together (vmapped), compile excluded.", ""]
+             f"greedy evaluation return ({EVAL_EPISODES} episodes per seed, every {EVAL_EVERY} steps rounded up to "
+             "whole updates: 'evaluated every' per preset) reaches the target, "
+             f"{seeds} seeds per row: 'first' touch, 'held' = first step from which {HOLD_EVALUATIONS} "
+             "evaluations in a row are at or above it (the target is judged on this; the real steps they span in "
+             "brackets), 'stays' = the step after which every later evaluation is (favours the shorter budget). "
+             "Wall-clock: all seeds of a row trained together (vmapped), compile excluded.", ""]
     for task, rows in results.items():
         target = TASKS[task][0]
         lines += [f"### {task} (target {target:g})", "",
-                  "| agent | preset | budget | median steps to target (first / held / stays) | per seed (held) | "
-                  "final return (mean) | train s | compile s |", "|---|---|---:|---:|---|---:|---:|---:|"]
+                  f"| agent | preset | budget | evaluated every ({HOLD_EVALUATIONS} evaluations) | median steps to "
+                  "target (first / held / stays) | per seed (held) | final return (mean) | train s | compile s |",
+                  "|---|---|---:|---:|---:|---|---:|---:|---:|"]
         for label, row in rows.items():
+            interval = evaluation_interval(row["steps"])
             lines.append(
-                f"| {label} | `{row['preset']}` | {row['budget'] / 1000:.1f}k | {fmt(median_steps(row['first']))} / "
+                f"| {label} | `{row['preset']}` | {row['budget'] / 1000:.1f}k | "
+                f"{fmt(interval)} ({fmt(HOLD_EVALUATIONS * interval)}) | {fmt(median_steps(row['first']))} / "
                 f"{fmt(median_steps(row['held']))} / {fmt(median_steps(row['settled']))} | "
                 f"{', '.join(fmt(v) for v in row['held'])} | "
                 f"{np.mean(row['returns'][-1]):.1f} | {row['train_seconds']:.0f} | {row['compile_seconds']:.0f} |")
@@ -141,14 +153,17 @@ def markdown(results: dict, seeds: int, quick: bool) -> str:
     return "\n".join(lines)
 
 
-def reproduce(out: Path, quick: bool, skip_training: bool, seeds: int = 5) -> Path:
-    """Train every row (``skip_training``: re-render the saved json), write ``sample_efficiency{_quick}.md`` / ``.json`` into ``out``; the path of the table."""
+def reproduce(out: Path, quick: bool, skip_training: bool, seeds: int | None = None) -> Path:
+    """Train every row (``skip_training``: re-render the saved json), write ``sample_efficiency{_quick}.md`` /
+    ``.json`` into ``out``; the path of the table. ``seeds``: ``--seeds`` (None: ``SEEDS``, 2 with ``quick``)."""
+    from rlx.imagination import read_saved, seed_count
+
+    seeds = seed_count(seeds, quick, SEEDS)
     out.mkdir(parents=True, exist_ok=True)
-    seeds = 2 if quick else seeds
     suffix = "_quick" if quick else ""
     saved = out / f"sample_efficiency{suffix}.json"
     if skip_training:  # re-render the table from the saved curves
-        return write_table(out / f"sample_efficiency{suffix}.md", json.loads(saved.read_text()), quick)
+        return write_table(out / f"sample_efficiency{suffix}.md", read_saved(saved, __name__, quick), quick)
     results = {}
     for task, (target, presets) in TASKS.items():
         results[task] = {}
