@@ -1,27 +1,72 @@
-"""Helpers shared by the ``scripts/bench_*.py`` benchmarks (run as scripts, so this folder is on ``sys.path``)."""
+"""Helpers shared by the ``scripts/bench_*.py`` benchmarks (run as scripts, so this folder is on ``sys.path``).
+
+JAX is imported inside the functions that need it, so that ``bench_ppo.py`` and ``bench_sweep.py``
+(which only launch processes) can use ``median_run`` without starting JAX.
+"""
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from pathlib import Path
 
-import jax
-
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def timed(fn, *args, repeats: int = 3):
-    """``(compile seconds, median run seconds, last output)`` of ``jax.jit(fn)(*args)``, compiled ahead of time."""
+def timed(fn, *args, repeats: int = 3, warmup: int = 1):
+    """``(compile seconds, median run seconds, last output)`` of ``jax.jit(fn)(*args)``, compiled ahead of time.
+
+    After compiling, ``warmup`` untimed runs (first-call allocations, page faults, thread start-up)
+    precede the ``repeats`` timed ones.
+    """
+    import jax
+
     start = time.perf_counter()
     compiled = jax.jit(fn).lower(*args).compile()
     compile_s = time.perf_counter() - start
+    for _ in range(warmup):
+        jax.block_until_ready(compiled(*args))
     runs, output = [], None
     for _ in range(repeats):
         start = time.perf_counter()
         output = jax.block_until_ready(compiled(*args))
         runs.append(time.perf_counter() - start)
     return compile_s, statistics.median(runs), output
+
+
+def checksum(tree):
+    """One float32 scalar that reads every element of every leaf of ``tree`` (arrays, PRNG keys, ints, bools).
+
+    Return it from a timed program so the compiler cannot drop any of the work that produced ``tree``:
+    a program that returns only part of its results (say the rewards) is free to skip computing the rest.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    total = jnp.zeros((), jnp.float32)
+    for leaf in jax.tree.leaves(tree):
+        leaf = jnp.asarray(leaf)
+        if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            leaf = jax.random.key_data(leaf)
+        total = total + leaf.astype(jnp.float32).sum()
+    return total
+
+
+def median_run(runs: list[dict], key: str) -> dict:
+    """The run whose ``key`` is the median of ``runs``, whole, so that its fields stay consistent with each other.
+
+    Taking each field's median separately mixes runs (and a difference of two such medians, like an
+    "other" time, can come out negative). With an even number of runs, the lower of the two middle
+    ones in sorted order. A run whose ``key`` is None (e.g. never reached the threshold) sorts last, as
+    the slowest. The result adds ``repeats`` (how many runs) and ``missing`` (how many had ``key`` None).
+    """
+    if not runs:
+        raise ValueError("median_run: no runs")
+    ordered = sorted(runs, key=lambda run: math.inf if run.get(key) is None else run[key])
+    chosen = dict(ordered[(len(ordered) - 1) // 2])
+    chosen.update(repeats=len(runs), missing=sum(run.get(key) is None for run in runs))
+    return chosen
 
 
 def save_table(name: str, table: str) -> Path:
@@ -38,6 +83,7 @@ def random_rollout(env, params, batch: int, steps: int, sample_actions):
     ``sample_actions(key)`` returns the batch's actions. The scalar sums the rewards and one
     observation entry per environment, so the compiler cannot drop the observation work.
     """
+    import jax
 
     def rollout(key):
         reset_key, key = jax.random.split(key)

@@ -9,8 +9,9 @@ each with the settings of its ``*_cartpole`` preset), in one run on this machine
 
 * imagined transitions/s: the agent's ``imagine`` alone, from a batch of start states, with the
   current (untrained) model and policy -- what one imagined step costs;
-* real env steps/s: the same number of CartPole environments stepping under ``vmap`` with random
-  actions in one ``lax.scan`` -- what one real step costs;
+* real env steps/s: as many CartPole environments as imagination has start states (the batch column),
+  stepping under ``vmap`` with random actions in one ``lax.scan`` -- what one real step costs at the
+  same batch size, so the ratio compares equal batches;
 * seconds per update (collect real steps, train the model, learn in imagination), ``--seeds`` seeds
   vmapped in one program, and how many real env steps per second training consumes;
 * compile seconds of each preset as ``python -m rlx.train +exp=PRESET`` reports them in
@@ -43,7 +44,7 @@ compile_cache.set_xla_flags()
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-from bench_common import random_rollout, save_table, timed  # noqa: E402
+from bench_common import checksum, random_rollout, save_table, timed  # noqa: E402
 from gymnax.environments.classic_control.cartpole import CartPole  # noqa: E402
 
 from rlx.agents import dyna_ppo  # noqa: E402
@@ -62,8 +63,7 @@ def dyna_imagination(env):
         jax.random.split(jax.random.PRNGKey(1), config.num_branches))
 
     def run(obs, key):
-        trajectory = agent.imagine(state.world_model, state.policy, obs, config.horizon, key)
-        return trajectory.reward.sum()
+        return checksum(agent.imagine(state.world_model, state.policy, obs, config.horizon, key))  # all of it
 
     return config, agent, (lambda obs: run(obs, jax.random.PRNGKey(2))), start_obs, config.num_branches * config.horizon
 
@@ -79,23 +79,32 @@ def dreamer_imagination(env):
     starts = agent.start_states(state, jax.random.PRNGKey(1))  # every posterior state of one sampled batch
 
     def run(starts):
-        trajectory = agent.imagine(state.model_params, state.policy, starts, config.horizon, jax.random.PRNGKey(2))
-        return jax.tree_util.tree_reduce(lambda a, b: a + jnp.sum(b), trajectory, 0.0)
+        return checksum(agent.imagine(state.model_params, state.policy, starts, config.horizon, jax.random.PRNGKey(2)))
 
     count = jax.tree_util.tree_leaves(starts)[0].shape[0] * config.horizon
     return config, agent, run, starts, count
 
 
-def measure(name: str, build, seeds: int, repeats: int) -> dict:
-    """One row: imagined and real transitions/s, seconds per update, real steps/s consumed by training."""
-    env = CartPole()
-    config, agent, imagine_fn, starts, imagined = build(env)
+def transition_rates(env, imagine_fn, starts, imagined: int, repeats: int) -> dict:
+    """Imagined transitions/s of ``imagine_fn(starts)`` (``imagined`` per call), and real env steps/s of a random
+    rollout with as many environments as imagination has start states (the leading dimension of ``starts``),
+    so that the two rates compare equal batches."""
     imagine_compile, imagine_s, _ = timed(imagine_fn, starts, repeats=repeats)
-    batch = config.num_envs
+    batch = jax.tree_util.tree_leaves(starts)[0].shape[0]
     steps = max(1, 100_000 // batch)
     rollout = random_rollout(env, env.default_params, batch, steps,
                              lambda key: jax.random.randint(key, (batch,), 0, 2))
     _, real_s, _ = timed(rollout, jax.random.PRNGKey(0), repeats=repeats)
+    return {"batch": batch, "imagined/s": imagined / imagine_s, "real/s": batch * steps / real_s,
+            "imagine_compile": imagine_compile}
+
+
+def measure(name: str, build, seeds: int, repeats: int) -> dict:
+    """One row: imagined and real transitions/s at the same batch, seconds per update, real steps/s consumed
+    by training."""
+    env = CartPole()
+    config, agent, imagine_fn, starts, imagined = build(env)
+    rates = transition_rates(env, imagine_fn, starts, imagined, repeats)
 
     def updates(keys):
         def one_seed(key):
@@ -106,9 +115,9 @@ def measure(name: str, build, seeds: int, repeats: int) -> dict:
     keys = jax.random.split(jax.random.PRNGKey(0), seeds)
     update_compile, update_s, _ = timed(updates, keys, repeats=repeats)
     real_per_update = config.num_envs * config.num_steps
-    return {"agent": name, "imagined/s": imagined / imagine_s, "real/s": batch * steps / real_s,
-            "s/update": update_s / UPDATES, "train real/s": seeds * real_per_update * UPDATES / update_s,
-            "train_ratio": float(config.train_ratio), "compile": update_compile + imagine_compile}
+    return {"agent": name, **rates, "s/update": update_s / UPDATES,
+            "train real/s": seeds * real_per_update * UPDATES / update_s, "train_ratio": float(config.train_ratio),
+            "compile": update_compile + rates["imagine_compile"]}
 
 
 def preset_compile_seconds(preset: str) -> float | None:
@@ -152,11 +161,12 @@ def main() -> None:
     lines = [f"Measured {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC} on {os.cpu_count()} CPU "
              f"cores, jax {jax.__version__}; CartPole-v1, each agent's cartpole preset settings, {args.seeds} seeds "
              f"vmapped, median of {args.repeats}.", "",
-             "| agent | imagined transitions/s | real env steps/s (same batch, random actions) | imagined / real | "
+             "| agent | batch (imagined start states = real envs) | imagined transitions/s | "
+             "real env steps/s (that batch of envs, random actions) | imagined / real | "
              "s per update | real steps/s consumed by training | train_ratio | compile s (update + imagine) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
-        lines.append(f"| {row['agent']} | {row['imagined/s']:,.0f} | {row['real/s']:,.0f} | "
+        lines.append(f"| {row['agent']} | {row['batch']} | {row['imagined/s']:,.0f} | {row['real/s']:,.0f} | "
                      f"{row['imagined/s'] / row['real/s']:.2f}x | {row['s/update']:.3f} | {row['train real/s']:,.0f} | "
                      f"{row['train_ratio']:g} | {row['compile']:.1f} |")
     if not args.skip_presets:

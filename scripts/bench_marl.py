@@ -15,13 +15,27 @@ For each number of parallel environments E (16, 128, 1024), in ONE process on th
   minibatches, in one jitted ``lax.scan``;
 * **JaxMARL MAPPO** (optional): JaxMARL's ``baselines/MAPPO/mappo_rnn_mpe.py`` from a JaxMARL
   checkout OUTSIDE this repository (``--jaxmarl-repo``; its ``make_train`` with its MPE config,
-  ``TOTAL_TIMESTEPS`` set to the same U updates). Its baseline is recurrent (FC 128, GRU 128,
-  tanh), so rlx runs the same shape: ``recurrent=true gru_size=128 hidden_sizes=[128]
-  activation=tanh`` with value normalisation and input LayerNorm off, like JaxMARL's.
+  ``TOTAL_TIMESTEPS`` set to the same U updates). Without a checkout its column says it was not run.
 
-Every program is compiled first (compile seconds reported separately) and then timed over
-``--repeats`` runs (median). Throughput = joint env steps per second (x3 for agent-steps).
-Prints a markdown table and writes it to ``.bench/bench_marl.md``.
+The two recurrent MAPPOs are close but NOT the same network or the same timed program:
+
+* JaxMARL's actor and critic are Dense(128)+ReLU, GRU(128), then Dense(128)+ReLU, then the head
+  (240,902 parameters); its config's ``ACTIVATION: tanh`` is never read, the code uses ReLU.
+* rlx's (``recurrent=true gru_size=128 hidden_sizes=[128] activation=tanh``, value normalisation
+  and input LayerNorm off, like JaxMARL's) is Dense(128)+tanh, GRU(128), then the head: no
+  Dense(128) after the GRU, 209,158 parameters, about 13% fewer parameters and multiply-adds per
+  sample than JaxMARL's.
+* JaxMARL's timed ``train`` also initialises its networks and optimisers, resets the envs and makes
+  one host ``io_callback`` (its wandb logging, disabled here) per update; rlx's timed program is
+  only the U updates, from a state initialised before.
+
+So "rlx / JaxMARL" compares the two libraries' MAPPOs as each runs this task, not equal work.
+
+Every program is compiled first (compile seconds reported separately), run once untimed, and then
+timed over ``--repeats`` runs (median). Every timed program returns a checksum of all its outputs
+(``bench_common.checksum``), so the compiler cannot drop any of the work. Throughput = joint env
+steps per second (x3 for agent-steps). Prints a markdown table and writes it to
+``.bench/bench_marl.md``.
 """
 
 from __future__ import annotations
@@ -40,10 +54,12 @@ from rlx.runner import compile_cache  # noqa: E402
 compile_cache.set_xla_flags()  # before JAX starts: the jaxlib 0.10 scheduler workaround
 
 import jax  # noqa: E402
-from bench_common import save_table, timed  # noqa: E402
+from bench_common import checksum, save_table, timed  # noqa: E402
 
 NUM_STEPS = 128
 NUM_AGENTS = 3
+# Parameters of JaxMARL's mappo_rnn_mpe.py actor + critic on simple_spread: Dense 128, GRU 128, Dense 128, output
+JAXMARL_PARAMETERS = 240_902
 
 
 def raw_stepping(num_envs: int, repeats: int) -> tuple[float, float, int]:
@@ -61,21 +77,23 @@ def raw_stepping(num_envs: int, repeats: int) -> tuple[float, float, int]:
             key, action_key, step_key = jax.random.split(key, 3)
             actions = jax.random.randint(action_key, (len(env.agents), num_envs), 0, 5)
             action_dict = {agent: actions[i] for i, agent in enumerate(env.agents)}
-            obs, state, reward, done, _ = jax.vmap(env.step)(jax.random.split(step_key, num_envs), state, action_dict)
-            return (state, key), reward[env.agents[0]].sum()
+            outputs = jax.vmap(env.step)(jax.random.split(step_key, num_envs), state, action_dict)
+            # every output (observations, state, rewards, dones, info): none of the stepping may be dropped
+            return (outputs[1], key), checksum(outputs)
 
-        _, rewards = jax.lax.scan(step, (state, key), None, NUM_STEPS)
-        return rewards.sum()
+        (state, _), sums = jax.lax.scan(step, (state, key), None, NUM_STEPS)
+        return sums.sum() + checksum(state)
 
     compile_s, run_s, _ = timed(rollout, jax.random.PRNGKey(0), repeats=repeats)
     return compile_s, run_s, num_envs * NUM_STEPS
 
 
-def rlx_mappo(num_envs: int, updates: int, repeats: int, recurrent: bool) -> tuple[float, float, int]:
-    """rlx MAPPO: (compile s, run s for ``updates`` updates, joint steps).
+def rlx_mappo(num_envs: int, updates: int, repeats: int, recurrent: bool) -> tuple[float, float, int, int]:
+    """rlx MAPPO: (compile s, run s for ``updates`` updates, joint steps, parameters of actor and critic).
 
-    ``recurrent``: JaxMARL's baseline network (FC 128, GRU 128, tanh, no value or input
-    normalisation); otherwise MAPPO's default feed-forward 64x64 ReLU network.
+    ``recurrent``: the network closest to JaxMARL's baseline (Dense 128 + tanh, GRU 128, head; no value
+    or input normalisation; JaxMARL's has ReLU and another Dense 128 + ReLU after the GRU); otherwise
+    MAPPO's default feed-forward 64x64 ReLU network.
     """
     from rlx.agents import mappo
     from rlx.envs import registry
@@ -90,10 +108,14 @@ def rlx_mappo(num_envs: int, updates: int, repeats: int, recurrent: bool) -> tup
     state = jax.jit(agent.init)(jax.random.PRNGKey(0))
 
     def train(state):
-        return jax.lax.scan(lambda s, _: agent.update(s), state, None, updates)[1]["loss"]
+        return checksum(jax.lax.scan(lambda s, _: agent.update(s), state, None, updates))
 
     compile_s, run_s, _ = timed(train, state, repeats=repeats)
-    return compile_s, run_s, num_envs * NUM_STEPS * updates
+    return compile_s, run_s, num_envs * NUM_STEPS * updates, count_parameters(state.params)
+
+
+def count_parameters(tree) -> int:
+    return sum(leaf.size for leaf in jax.tree.leaves(tree))
 
 
 def disable_wandb() -> None:
@@ -110,8 +132,10 @@ def disable_wandb() -> None:
     wandb.init(mode="disabled")
 
 
-def jaxmarl_mappo(repo: Path, num_envs: int, updates: int, repeats: int) -> tuple[float, float, int]:
-    """JaxMARL's own MAPPO baseline at the same configuration: (compile s, run s, joint steps)."""
+def jaxmarl_mappo(repo: Path, num_envs: int, updates: int, repeats: int) -> tuple[float, float, int, int | None]:
+    """JaxMARL's own MAPPO baseline, at the same sizes: (compile s, run s, joint steps, parameters or None).
+
+    Its timed ``train`` includes its initialisation, env reset and one io_callback per update."""
     from omegaconf import OmegaConf
 
     disable_wandb()  # the baseline logs through wandb.log in an io_callback
@@ -123,8 +147,12 @@ def jaxmarl_mappo(repo: Path, num_envs: int, updates: int, repeats: int) -> tupl
     config = OmegaConf.to_container(OmegaConf.load(repo / "baselines" / "MAPPO" / "config" / "mappo_homogenous_rnn_mpe.yaml"))
     config.update(NUM_ENVS=num_envs, NUM_STEPS=NUM_STEPS, TOTAL_TIMESTEPS=num_envs * NUM_STEPS * updates)
     train = module.make_train(config)
-    compile_s, run_s, _ = timed(train, jax.random.PRNGKey(0), repeats=repeats)
-    return compile_s, run_s, num_envs * NUM_STEPS * updates
+    compile_s, run_s, output = timed(train, jax.random.PRNGKey(0), repeats=repeats)
+    try:  # {"runner_state": ((train_states, env_state, ...), update_steps)}; train_states: (actor, critic)
+        parameters = count_parameters([ts.params for ts in output["runner_state"][0][0]])
+    except (KeyError, IndexError, TypeError, AttributeError):
+        parameters = None
+    return compile_s, run_s, num_envs * NUM_STEPS * updates, parameters
 
 
 def breakdown(num_envs: int, repeats: int, unrolls: list[int]) -> list[str]:
@@ -145,14 +173,16 @@ def breakdown(num_envs: int, repeats: int, unrolls: list[int]) -> list[str]:
             state, key = carry
             key, action_key, step_key = jax.random.split(key, 3)
             actions = jax.random.randint(action_key, (num_envs, NUM_AGENTS), 0, 5)
-            _, state, reward, _, _, info = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
+            outputs = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
                 jax.random.split(step_key, num_envs), state, actions, params)
+            state = outputs[1]
             world = jax.vmap(env.world_state, in_axes=(0, None))(state, params)
-            return (state, key), reward.sum() + world.sum() + info["final_world_state"].sum()
+            return (state, key), checksum((outputs, world))
 
-        return jax.lax.scan(step, (state, key), None, NUM_STEPS)[1].sum()
+        (state, _), sums = jax.lax.scan(step, (state, key), None, NUM_STEPS)
+        return sums.sum() + checksum(state)
 
-    parts = [("JaxMARL's stepping, random actions", raw_stepping(num_envs, repeats)[1]),
+    parts = [("JaxMARL's stepping, random actions, observations included", raw_stepping(num_envs, repeats)[1]),
              ("rlx adapter's stepping with world states", timed(adapter_stepping, jax.random.PRNGKey(0), repeats=repeats)[1])]
     for rollout_unroll in unrolls:
         config = mappo.Config(lr=2e-3, num_envs=num_envs, num_steps=NUM_STEPS, num_epochs=4, num_minibatches=4,
@@ -160,10 +190,12 @@ def breakdown(num_envs: int, repeats: int, unrolls: list[int]) -> list[str]:
         agent = mappo.make(config, env, params)
         state = jax.jit(agent.init)(jax.random.PRNGKey(0))
         suffix = f", {rollout_unroll} steps per loop iteration" if unrolls != [1] else ""
+        # checksum: every leaf of the transitions and of the final state, so the compiler keeps the
+        # critic, the world states and the log-probabilities (summing only the rewards let it drop them)
         parts += [(f"MAPPO rollout (networks included){suffix}",
-                   timed(lambda s: agent.collect(s)[1].reward.sum(), state, repeats=repeats)[1]),
+                   timed(lambda s: checksum(agent.collect(s)), state, repeats=repeats)[1]),
                   (f"MAPPO update (rollout + learning){suffix}",
-                   timed(lambda s: agent.update(s)[1]["loss"], state, repeats=repeats)[1])]
+                   timed(lambda s: checksum(agent.update(s)), state, repeats=repeats)[1])]
     return [f"| {label} | {rate(steps, seconds)} |" for label, seconds in parts]
 
 
@@ -205,7 +237,14 @@ def main(argv=None) -> None:
     updates = [int(u) for u in args.updates.split(",")]
     if args.quick:
         envs, updates, args.repeats = envs[:2], [1] * 2, 1
-    run_jaxmarl = not args.skip_jaxmarl_mappo and (args.jaxmarl_repo / "baselines" / "MAPPO").is_dir()
+    if args.skip_jaxmarl_mappo:
+        jaxmarl_absent = "JaxMARL MAPPO: not run (--skip-jaxmarl-mappo)"
+    elif not (args.jaxmarl_repo / "baselines" / "MAPPO").is_dir():
+        jaxmarl_absent = f"JaxMARL MAPPO: not run (no checkout at {args.jaxmarl_repo})"
+    else:
+        jaxmarl_absent = None
+    if jaxmarl_absent:
+        print(f"[bench_marl] {jaxmarl_absent}", flush=True)
     load = os.getloadavg()
     rows = []
     for num_envs, num_updates in zip(envs, updates):
@@ -216,7 +255,7 @@ def main(argv=None) -> None:
         print(f"[bench_marl] {num_envs} envs: rlx MAPPO feed-forward, {num_updates} updates", flush=True)
         feed_forward = rlx_mappo(num_envs, num_updates, args.repeats, recurrent=False)
         theirs = None
-        if run_jaxmarl:
+        if jaxmarl_absent is None:
             print(f"[bench_marl] {num_envs} envs: JaxMARL MAPPO, {num_updates} updates", flush=True)
             theirs = jaxmarl_mappo(args.jaxmarl_repo, num_envs, num_updates, args.repeats)
         rows.append((num_envs, num_updates, raw, ours, theirs, feed_forward))
@@ -236,16 +275,34 @@ def main(argv=None) -> None:
         "|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     lines += [table_row(num_envs, raw, ours, theirs, feed_forward) for num_envs, _, raw, ours, theirs, feed_forward in rows]
+    ours_parameters = rows[0][3][3] if rows else 0
+    # JaxMARL's count when measured, else that of its mappo_rnn_mpe.py on MPE spread (18-wide observations)
+    theirs_parameters = next((theirs[3] for *_, theirs, _ in rows if theirs and theirs[3]), JAXMARL_PARAMETERS)
+    if jaxmarl_absent:
+        peer_text = f"{jaxmarl_absent}; its columns are empty. "
+    else:
+        peer_text = ""
     lines += [
         "",
         f"Each update: E envs x {NUM_STEPS} steps, GAE, 4 epochs x 4 minibatches; timed updates per env count: "
-        f"{', '.join(f'{e} envs: {u}' for e, u, *_ in rows)}. "
-        "Both MAPPOs: recurrent actor and critic (FC 128, GRU 128, tanh), centralized critic on the "
-        "concatenated observations, lr 2e-3; rlx without value normalisation or input LayerNorm (as "
-        "JaxMARL's baseline); the feed-forward column is MAPPO's default network (64x64 ReLU, "
+        f"{', '.join(f'{e} envs: {u}' for e, u, *_ in rows)}. {peer_text}"
+        "rlx's recurrent MAPPO: actor and critic Dense 128 + tanh, GRU 128, then the output layer "
+        f"({ours_parameters:,} parameters), centralized critic on the concatenated observations, lr 2e-3, "
+        "without value normalisation or input LayerNorm (as JaxMARL's baseline). "
+        "JaxMARL's mappo_rnn_mpe.py" + ("" if jaxmarl_absent else " (measured here)") + ": Dense 128 + ReLU, "
+        "GRU 128, another Dense 128 + ReLU, then the output layer, in actor and critic ("
+        f"{theirs_parameters:,} parameters; its config's ACTIVATION: tanh is never read), so rlx's network "
+        f"has {1 - ours_parameters / theirs_parameters:.0%} fewer parameters and does about as much less matrix "
+        "work per sample; its "
+        "timed train also initialises its networks and optimisers, resets the envs and makes one host "
+        "io_callback per update (wandb logging, disabled), which rlx's timed program (the updates alone) does "
+        "not. rlx / JaxMARL compares each library's MAPPO as it runs this task, not identical work. "
+        "The feed-forward column is MAPPO's default network (64x64 ReLU, "
         "input LayerNorm, value normalisation, agent ids). One seed, one device "
-        f"({jax.devices()[0].device_kind}). Times are medians of the repeats after compilation; raw stepping = "
-        f"{NUM_STEPS} steps of JaxMARL's vmapped env.step with random actions, nothing learned.",
+        f"({jax.devices()[0].device_kind}). Times are medians of the repeats after compilation and one untimed "
+        f"run; each timed program returns a checksum of all its outputs, so nothing is compiled away; raw "
+        f"stepping = {NUM_STEPS} steps of JaxMARL's vmapped env.step with random actions, observations, states, "
+        "rewards and dones all kept, nothing learned.",
     ]
     table = "\n".join(lines) + "\n"
     save_table("bench_marl", table)

@@ -4,13 +4,15 @@ Usage::
 
     .venv/bin/python scripts/bench_pbrl.py [--seeds 4] [--repeats 3]
 
-Both train CartPole-v1 with the ``pref_ppo_cartpole`` preset's PPO settings (8 envs x 64 steps, 120
-updates, ``--seeds`` seeds vmapped in one program): plain PPO (``rlx/agents/ppo.py``) on the true
-reward, preference PPO (``rlx/agents/pref_ppo.py``) on a reward model learned from at most 100 oracle
-labels (3-member ensemble, 50 reward-model steps per feedback round, a round every 2 updates until the
-budget is spent; a third row with 10 steps per round shows what the reward model costs). Each is
-compiled first, then timed (median of ``--repeats``). Prints a markdown table
-with the ratio (target: preference PPO at most 1.5x plain PPO) and writes it to ``.bench/bench_pbrl.md``.
+Both train CartPole-v1 with the ``pref_ppo_cartpole`` preset's PPO settings (122,880 env steps =
+240 updates of 8 envs x 64 steps, ``--seeds`` seeds vmapped in one program): plain PPO
+(``rlx/agents/ppo.py``) on the true reward, preference PPO (``rlx/agents/pref_ppo.py``) on a reward
+model learned from at most 100 oracle labels (3-member ensemble; 10 feedback rounds of 10 queries,
+one every 19 updates over the first 80% of training; each round takes 25 Adam steps on 16 labelled
+pairs; see ``conf/exp/pref_ppo_cartpole.yaml`` and ``pref_ppo.cartpole_config``). A third row with
+10 reward-model steps per round shows what the reward model costs. Each is compiled first, run once
+untimed, then timed (median of ``--repeats``). Prints a markdown table with the ratio (target:
+preference PPO at most 1.5x plain PPO) and writes it to ``.bench/bench_pbrl.md``.
 """
 
 from __future__ import annotations

@@ -22,9 +22,12 @@ Measured per implementation:
    CartPole settings, and the whole process wall time: cold (empty compile
    cache) and warm (second run with the same cache).
 
-Every implementation evaluates 16 greedy (deterministic) episodes about every
-5k environment steps, stops training once the mean reaches 475 and gives up
-after 1e5 steps. A peer that fails to install or run gets a row saying why.
+Every implementation evaluates 16 greedy (deterministic) episodes at its own
+interval (rlx's preset: every 13 updates of 8 x 64 = 6,656 env steps; rejax:
+every 5,000; SB3: every 640 calls of its 8 envs = 5,120), stops training once
+the mean reaches 475 and gives up after 1e5 steps. With ``--repeats N`` each
+cell reports the median run (by steps/s, or by time to 475) whole, not
+per-field medians. A peer that fails to install or run gets a row saying why.
 """
 
 from __future__ import annotations
@@ -41,6 +44,9 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import median_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_DIR = ROOT / ".bench"
@@ -261,21 +267,19 @@ def first_reach(evals: list, start: float) -> tuple[float | None, int | None, fl
     return None, None, best
 
 
-def median_of(runs: list[dict]) -> dict:
-    """Per key: the median over repeats of numeric values; None if any repeat has None; else the first run's value."""
-    merged = dict(runs[0])
-    for key, value in runs[0].items():
-        values = [r.get(key) for r in runs]
-        if isinstance(value, (int, float)) and all(isinstance(v, (int, float)) for v in values):
-            merged[key] = statistics.median(values)
-        elif any(v is None for v in values):
-            merged[key] = None
-    return merged
+def median_speed(runs: list[dict]) -> dict:
+    """The throughput run with the median steps/s (``bench_common.median_run``: one whole run)."""
+    return median_run(runs, "steps_per_s")
+
+
+def median_reach(runs: list[dict]) -> dict:
+    """The time-to-475 run with the median time to 475 (runs that never reached it count as slowest)."""
+    return median_run(runs, "reach_s")
 
 
 def repeat(measure, repeats: int, *args) -> dict:
-    """``measure(*args)`` ``repeats`` times, merged by ``median_of``."""
-    return median_of([measure(*args) for _ in range(repeats)])
+    """``measure(*args)`` ``repeats`` times; the median run by steps/s."""
+    return median_speed([measure(*args) for _ in range(repeats)])
 
 
 # --------------------------------------------------------------------------- rlx
@@ -427,13 +431,13 @@ class Row:
 
 
 def solve_pair(solve, repeats: int, workdir: Path) -> tuple[dict, dict]:
-    """Cold then warm time-to-475 runs, a fresh cache directory per repeat; medians of each."""
+    """Cold then warm time-to-475 runs, a fresh cache directory per repeat; the median run of each."""
     colds, warms = [], []
     for _ in range(repeats):
         cache = Path(tempfile.mkdtemp(prefix="cache-", dir=workdir))
         colds.append(solve(cache))
         warms.append(solve(cache))
-    return median_of(colds), median_of(warms)
+    return median_reach(colds), median_reach(warms)
 
 
 def throughput_runs(args, budgets: Budgets, workdir: Path) -> dict[str, tuple[list[dict], str | None]]:
@@ -476,7 +480,7 @@ def bench_rlx(args, budgets: Budgets, workdir: Path, speed: tuple[list[dict], st
     if row.error is not None:
         return row
     try:
-        row.speed = median_of(runs)
+        row.speed = median_speed(runs)
         log("rlx: time-to-475 runs (cold, warm)")
         row.cold, row.warm = solve_pair(lambda cache: rlx_solve(budgets, cache, workdir), args.repeats, workdir)
     except RUN_ERRORS as error:
@@ -496,7 +500,7 @@ def bench_peer(peer: Peer, args, budgets: Budgets, workdir: Path,
     try:
         ensure_venv(peer)
         if speed is not None:
-            row.speed = median_of(speed[0])
+            row.speed = median_speed(speed[0])
         else:
             speed_steps = budgets.sb3_speed_steps if peer is SB3 else budgets.speed_steps
             log(f"{peer.name}: throughput run ({speed_steps:,} steps)")
@@ -548,13 +552,19 @@ def reach_cell(result: dict) -> str:
     if not result:
         return "—"
     wall = f"proc {fmt(result['wall_s'])} s"
+    repeats = result.get("repeats", 1)
+    missing = result.get("missing") if repeats > 1 else 0
+    missed = f"; {missing} of {repeats} runs never reached 475" if missing else ""
     if result.get("reach_s") is None:
-        return f"not reached (best {fmt(result.get('best'))}; {wall})"
-    return f"{fmt(result['reach_s'])} s @ {result['reach_steps']:,.0f} steps ({wall})"
+        return f"not reached (best {fmt(result.get('best'))}; {wall}{missed})"
+    return f"{fmt(result['reach_s'])} s @ {result['reach_steps']:,.0f} steps ({wall}{missed})"
 
 
 def breakdown_cell(result: dict) -> str:
-    """import / compile / train+eval / other in-process / interpreter start+exit seconds, cache hits."""
+    """import / compile / train+eval / other in-process / interpreter start+exit seconds, cache hits.
+
+    All from one run (the median one), so "other" is that run's remainder and cannot come out negative
+    from mixing runs (it can only where the parts' clocks overlap within a run)."""
     if not result:
         return "—"
     parts = [result["import_s"], result.get("compile_s"), result["run_s"]]
@@ -568,10 +578,13 @@ LEGEND = (
     "128 steps, 4 epochs x 4 minibatches (SB3: batch 128), 1 seed, 5e5 steps; rlx and rejax as one "
     "program with one evaluation at the end); rlx / peer: rlx's steps/s over the peer's. import s, "
     "compile s: that run's, persistent compile cache off. to 475: seconds from just before launching a "
-    "fresh process until the host sees the first evaluation (16 greedy episodes, every ~5k steps) with "
-    "mean return >= 475, and the env steps then; proc: the whole process's wall time; each library's own "
+    "fresh process until the host sees the first evaluation (16 greedy episodes) with mean return >= 475, "
+    "and the env steps then; evaluations come every 6,656 env steps for rlx (its preset: every 13 updates "
+    "of 8 envs x 64 steps), every 5,000 for rejax and every 5,120 for SB3 (640 calls of 8 envs), so the "
+    "step counts are multiples of those; proc: the whole process's wall time; each library's own "
     "tuned CartPole settings, capped at 1e5 steps. cold: empty compile cache; warm: the same cache again "
-    "(SB3 compiles nothing: warm is only a second run)."
+    "(SB3 compiles nothing: warm is only a second run). With --repeats N every cell (and the breakdown "
+    "below) is the run with the median steps/s or median time to 475, all its fields from that run."
 )
 
 
@@ -643,7 +656,8 @@ def main(argv: list[str] | None = None) -> None:
             rows.append(bench_peer(SB3, args, budgets, workdir))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    mode = "QUICK smoke test (tiny budgets; numbers meaningless)" if args.quick else f"repeats {args.repeats} (medians)"
+    mode = ("QUICK smoke test (tiny budgets; numbers meaningless)" if args.quick
+            else f"repeats {args.repeats} (the median run of each)")
     print("\n".join([f"# PPO on CartPole-v1: rlx vs peers — {mode}", "", *header,
                      f"load average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}", "", table(rows)]))
 

@@ -3,7 +3,7 @@
 Usage::
 
     .venv/bin/python scripts/bench_sweep.py [--steps 100000] [--sizes 1,8,32,128] [--quick]
-                                            [--skip-rejax] [--skip-sb3]
+                                            [--skip-rejax] [--skip-sb3] [--repeats 1]
 
 For N = 1, 8, 32 and 128 configurations (1 lr x 1 seed, 2 x 4, 4 x 8, 8 x 16) at
 one shared configuration (4 envs x 128 steps, 4 epochs x 4 minibatches, the
@@ -18,6 +18,16 @@ same env steps per configuration, one 16-episode greedy evaluation at the end):
   another in a Python loop;
 * Stable-Baselines3 (PyTorch CPU, torch's default thread count): ONE process
   that trains the N configurations one after another in a Python loop.
+
+The cores are not used alike: with ``run.cpu_devices=auto`` (rlx's default) rlx
+shows each CPU core as an XLA device and splits the grid's runs over them when
+they divide evenly (on 2 cores: every even N), so its one program trains on all
+cores at once, while rejax runs one configuration at a time as one XLA program,
+which keeps about one core busy. The ratios include that difference.
+
+Each cell is ONE run unless ``--repeats R`` (then, per cell, the run with the
+median whole-process seconds, all its fields from that run; rlx's cold and warm
+runs pair up, a fresh cache directory per repeat).
 
 Times are wall seconds of the whole process (interpreter start to exit,
 imports and compilation included). SB3 is measured at up to 8 configurations
@@ -43,6 +53,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_common import median_run  # noqa: E402
 from bench_ppo import (  # noqa: E402
     BENCH_DIR,
     REJAX,
@@ -192,7 +203,7 @@ def rlx_measure(steps: int, lrs: list[float], seeds: int, cache: Path, workdir: 
     return dict(wall_s=wall, import_s=summary["import_seconds"], compile_s=summary["compile_seconds"],
                 run_s=summary["run_seconds"], total_s=summary["total_seconds"],
                 eval_return=statistics.mean(p["return_mean"] for p in points),
-                hits=cache_info.get("hits"), misses=cache_info.get("misses"))
+                hits=cache_info.get("hits"), misses=cache_info.get("misses"), devices=summary.get("devices"))
 
 
 def peer_loop(peer: Peer, steps: int, lrs: list[float], seeds: int, workdir: Path, threads: int = 0) -> dict:
@@ -303,6 +314,7 @@ def target_lines(sizes: list[int], results: dict) -> list[str]:
 
 def report(args, steps: int, sizes: list[int], results: dict, header: list[str]) -> str:
     mode = "QUICK smoke test (tiny budget; numbers meaningless)" if args.quick else f"{steps:,} env steps per configuration"
+    devices = getattr(args, "rlx_devices", "") or "n/a"
     command = " ".join([".venv/bin/python scripts/bench_sweep.py", *(args.argv or [])])
     rejax_meta = next((r for r in results["rejax"].values() if r.get("versions")), {})
     sb3_meta = next((r for r in results["sb3"].values() if r.get("versions")), {})
@@ -340,8 +352,11 @@ def report(args, steps: int, sizes: list[int], results: dict, header: list[str])
         "per-configuration time over rlx's cold one (so also the ratio of totals). "
         "rlx: ONE `python -m rlx.train` process and ONE compiled program for the whole grid (`sweep.algo.lr=[...]` "
         "x `run.num_seeds`, vmapped), all updates in one chunk, the runs split over the machine's cores as "
-        "XLA CPU devices when they divide evenly (`run.cpu_devices=auto`, the default), `logger=none`, "
-        "`run.checkpoint_every_chunks=0`; "
+        f"XLA CPU devices when they divide evenly (`run.cpu_devices=auto`, the default; devices used per N: "
+        f"{devices}), `logger=none`, `run.checkpoint_every_chunks=0`. So rlx trains on all the cores in "
+        "parallel where the runs split, while rejax trains one configuration at a time (one XLA CPU program, "
+        "about one core busy): the rejax / rlx ratio includes rlx using more cores, not only one program "
+        "against a loop. "
         "cold: a fresh empty compile cache directory; warm: the same command again with that cache filled. "
         "rlx anneals the learning rate linearly (its default); rejax and SB3 keep it constant. "
         "rejax \"sequential\": ONE process, `PPO.train` compiled ONCE ahead of time with the algorithm as a traced "
@@ -354,7 +369,12 @@ def report(args, steps: int, sizes: list[int], results: dict, header: list[str])
         "a process start or import per configuration, which favours them. "
         f"(extrapolated): not run (SB3 above {args.sb3_max} configurations; rejax when predicted over "
         f"{args.max_run_seconds:.0f} s); the fixed cost of the largest measured run (wall minus its loop) plus N x "
-        f"its mean seconds per configuration. Versions: {versions or 'n/a'}.")]
+        f"its mean seconds per configuration. "
+        + ("Every cell is a single run (no repeats), so run-to-run noise of a shared machine is not averaged "
+           "out. " if args.repeats == 1 else
+           f"Every measured cell is the run with the median total of {args.repeats} (`--repeats`), all its "
+           "fields (and the breakdown below) from that run. ")
+        + f"Versions: {versions or 'n/a'}.")]
     lines += ["", "Measured runs, seconds: import / compile / train+eval / other in-process / interpreter start + "
               "exit; mean final greedy return over the configurations:", "",
               "| N | rlx cold | rlx warm | rejax | SB3 |", "|---|---|---|---|---|"]
@@ -384,7 +404,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="torch threads for SB3 (default 0: torch's default, one per core)")
     parser.add_argument("--max-run-seconds", type=float, default=600.0,
                         help="extrapolate a rejax run predicted to take longer than this")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="measure every cell R times and report the run with the median total (default 1)")
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
     args.argv = list(sys.argv[1:] if argv is None else argv)
     steps = args.steps if args.steps is not None else (QUICK_STEPS if args.quick else FULL_STEPS)
     if steps < BATCH:
@@ -410,6 +434,7 @@ def main(argv: list[str] | None = None) -> None:
     BENCH_DIR.mkdir(exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="bench-sweep-", dir=BENCH_DIR))
     results: dict[str, dict[int, dict]] = {"rlx cold": {}, "rlx warm": {}, "rejax": {}, "sb3": {}}
+    device_counts: dict[int, str | None] = {}  # N -> rlx's own line on where its runs executed
     peers = []
     for peer, skip in ((REJAX, args.skip_rejax), (SB3, args.skip_sb3)):
         if skip:
@@ -425,15 +450,22 @@ def main(argv: list[str] | None = None) -> None:
         for n in sizes:
             k, seeds = GRIDS[n]
             lrs = learning_rates(k)
-            cache = Path(tempfile.mkdtemp(prefix="rlx-cache-", dir=workdir))
-            for key in ("rlx cold", "rlx warm"):
-                log(f"{key}: {n} configurations ({k} lrs x {seeds} seeds), {steps:,} steps each, cache {show(cache)}")
-                try:
-                    results[key][n] = rlx_measure(steps, lrs, seeds, cache, workdir)
-                    log(f"{key}: {n}: {results[key][n]['wall_s']:.1f} s")
-                except RUN_ERRORS as error:
+            runs: dict[str, list[dict]] = {"rlx cold": [], "rlx warm": []}
+            try:
+                for index in range(args.repeats):
+                    cache = Path(tempfile.mkdtemp(prefix="rlx-cache-", dir=workdir))
+                    for key in ("rlx cold", "rlx warm"):
+                        log(f"{key}: {n} configurations ({k} lrs x {seeds} seeds), {steps:,} steps each, "
+                            f"run {index + 1}/{args.repeats}, cache {show(cache)}")
+                        runs[key].append(rlx_measure(steps, lrs, seeds, cache, workdir))
+                        log(f"{key}: {n}: {runs[key][-1]['wall_s']:.1f} s")
+                for key in runs:
+                    results[key][n] = median_run(runs[key], "wall_s")
+                device_counts[n] = results["rlx cold"][n].get("devices")
+            except RUN_ERRORS as error:
+                for key in runs:
                     results[key][n] = dict(error=str(error))
-                    log(f"{key}: FAILED: {error}")
+                log(f"rlx: FAILED: {error}")
             for peer in peers:
                 measured = {m: r for m, r in results[peer.name].items() if "per_run_s" in r}
                 if measured:
@@ -447,15 +479,18 @@ def main(argv: list[str] | None = None) -> None:
                 elif peer is SB3 and n > args.sb3_max:
                     results[peer.name][n] = dict(error="not measured and nothing to extrapolate from")
                     continue
-                log(f"{peer.name}: {n} configurations one after another in one process")
+                log(f"{peer.name}: {n} configurations one after another in one process, {args.repeats} run(s)")
                 try:
-                    results[peer.name][n] = peer_loop(peer, steps, lrs, seeds, workdir, args.sb3_threads)
+                    results[peer.name][n] = median_run(
+                        [peer_loop(peer, steps, lrs, seeds, workdir, args.sb3_threads) for _ in range(args.repeats)],
+                        "wall_s")
                     log(f"{peer.name}: {n}: {results[peer.name][n]['wall_s']:.1f} s")
                 except RUN_ERRORS as error:
                     results[peer.name][n] = dict(error=str(error))
                     log(f"{peer.name}: FAILED: {error}")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    args.rlx_devices = "; ".join(f"N={n}: {d or 'not reported'}" for n, d in device_counts.items())
     text = report(args, steps, sizes, results, header)
     REPORT.write_text(text + "\n")
     print(text)
