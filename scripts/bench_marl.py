@@ -17,19 +17,13 @@ For each number of parallel environments E (16, 128, 1024), in ONE process on th
   checkout OUTSIDE this repository (``--jaxmarl-repo``; its ``make_train`` with its MPE config,
   ``TOTAL_TIMESTEPS`` set to the same U updates). Without a checkout its column says it was not run.
 
-The two recurrent MAPPOs are close but NOT the same network or the same timed program:
-
-* JaxMARL's actor and critic are Dense(128)+ReLU, GRU(128), then Dense(128)+ReLU, then the head
-  (240,902 parameters); its config's ``ACTIVATION: tanh`` is never read, the code uses ReLU.
-* rlx's (``recurrent=true gru_size=128 hidden_sizes=[128] activation=tanh``, value normalisation
-  and input LayerNorm off, like JaxMARL's) is Dense(128)+tanh, GRU(128), then the head: no
-  Dense(128) after the GRU, 209,158 parameters, about 13% fewer parameters and multiply-adds per
-  sample than JaxMARL's.
-* JaxMARL's timed ``train`` also initialises its networks and optimisers, resets the envs and makes
-  one host ``io_callback`` (its wandb logging, disabled here) per update; rlx's timed program is
-  only the U updates, from a state initialised before.
-
-So "rlx / JaxMARL" compares the two libraries' MAPPOs as each runs this task, not equal work.
+The two recurrent MAPPOs have the same network (since 2026-12-06): actor and critic Dense(128)+ReLU,
+GRU(128), Dense(128)+ReLU, output layer, as JaxMARL's ``mappo_rnn_mpe.py`` (whose config's
+``ACTIVATION: tanh`` is never read); rlx's ``recurrent=true gru_size=128 hidden_sizes=[128]
+post_gru_sizes=[128] activation=relu``, value normalisation and input LayerNorm off. The footer prints
+both parameter counts (they differ only in the critic's input: rlx's world state carries agent ids).
+Both timed programs initialise the agent; JaxMARL's also resets its envs outside its update loop and
+makes one host ``io_callback`` (its wandb logging, disabled here) per update.
 
 Every program is compiled first (compile seconds reported separately), run once untimed, and then
 timed over ``--repeats`` runs (median). Every timed program returns a checksum of all its outputs
@@ -91,27 +85,26 @@ def raw_stepping(num_envs: int, repeats: int) -> tuple[float, float, int]:
 def rlx_mappo(num_envs: int, updates: int, repeats: int, recurrent: bool) -> tuple[float, float, int, int]:
     """rlx MAPPO: (compile s, run s for ``updates`` updates, joint steps, parameters of actor and critic).
 
-    ``recurrent``: the network closest to JaxMARL's baseline (Dense 128 + tanh, GRU 128, head; no value
-    or input normalisation; JaxMARL's has ReLU and another Dense 128 + ReLU after the GRU); otherwise
-    MAPPO's default feed-forward 64x64 ReLU network.
+    ``recurrent``: JaxMARL's baseline network (Dense 128 + ReLU, GRU 128, Dense 128 + ReLU, output layer, in
+    actor and critic; no value or input normalisation); otherwise MAPPO's default feed-forward 64x64 ReLU
+    network. The timed program includes the agent's initialisation, as JaxMARL's ``train`` does.
     """
     from rlx.agents import mappo
     from rlx.envs import registry
 
     env, params = registry.make("mpe_spread")
-    shape = (dict(recurrent=True, gru_size=128, hidden_sizes=(128,), activation="tanh", input_norm=False,
-                  normalize_values=False) if recurrent else {})
+    shape = (dict(recurrent=True, gru_size=128, hidden_sizes=(128,), post_gru_sizes=(128,), activation="relu",
+                  input_norm=False, normalize_values=False) if recurrent else {})
     config = mappo.Config(lr=2e-3, num_envs=num_envs, num_steps=NUM_STEPS, num_epochs=4, num_minibatches=4,
                           total_timesteps=num_envs * NUM_STEPS * updates, **shape)
     mappo.validate(config)
     agent = mappo.make(config, env, params)
-    state = jax.jit(agent.init)(jax.random.PRNGKey(0))
 
-    def train(state):
-        return checksum(jax.lax.scan(lambda s, _: agent.update(s), state, None, updates))
+    def train(key):
+        return checksum(jax.lax.scan(lambda s, _: agent.update(s), agent.init(key), None, updates))
 
-    compile_s, run_s, _ = timed(train, state, repeats=repeats)
-    return compile_s, run_s, num_envs * NUM_STEPS * updates, count_parameters(state.params)
+    compile_s, run_s, _ = timed(train, jax.random.PRNGKey(0), repeats=repeats)
+    return compile_s, run_s, num_envs * NUM_STEPS * updates, count_parameters(jax.eval_shape(agent.init, jax.random.PRNGKey(0)).params)
 
 
 def count_parameters(tree) -> int:
@@ -286,17 +279,12 @@ def main(argv=None) -> None:
         "",
         f"Each update: E envs x {NUM_STEPS} steps, GAE, 4 epochs x 4 minibatches; timed updates per env count: "
         f"{', '.join(f'{e} envs: {u}' for e, u, *_ in rows)}. {peer_text}"
-        "rlx's recurrent MAPPO: actor and critic Dense 128 + tanh, GRU 128, then the output layer "
-        f"({ours_parameters:,} parameters), centralized critic on the concatenated observations, lr 2e-3, "
-        "without value normalisation or input LayerNorm (as JaxMARL's baseline). "
-        "JaxMARL's mappo_rnn_mpe.py" + ("" if jaxmarl_absent else " (measured here)") + ": Dense 128 + ReLU, "
-        "GRU 128, another Dense 128 + ReLU, then the output layer, in actor and critic ("
-        f"{theirs_parameters:,} parameters; its config's ACTIVATION: tanh is never read), so rlx's network "
-        f"has {1 - ours_parameters / theirs_parameters:.0%} fewer parameters and does about as much less matrix "
-        "work per sample; its "
-        "timed train also initialises its networks and optimisers, resets the envs and makes one host "
-        "io_callback per update (wandb logging, disabled), which rlx's timed program (the updates alone) does "
-        "not. rlx / JaxMARL compares each library's MAPPO as it runs this task, not identical work. "
+        "Both recurrent MAPPOs: actor and critic Dense 128 + ReLU, GRU 128, Dense 128 + ReLU, output layer "
+        "(JaxMARL's config's ACTIVATION: tanh is never read by its code), centralized critic, lr 2e-3, no value "
+        f"normalisation or input LayerNorm; rlx {ours_parameters:,} parameters, JaxMARL's mappo_rnn_mpe.py"
+        + ("" if jaxmarl_absent else " (measured here)") + f" {theirs_parameters:,}. Both timed programs "
+        "include the agent's initialisation; JaxMARL's also makes one host io_callback per update (wandb "
+        "logging, disabled). "
         "The feed-forward column is MAPPO's default network (64x64 ReLU, "
         "input LayerNorm, value normalisation, agent ids). One seed, one device "
         f"({jax.devices()[0].device_kind}). Times are medians of the repeats after compilation and one untimed "

@@ -197,6 +197,22 @@ def test_unrolled_rollout_collects_the_same_transitions(recurrent):
         np.testing.assert_allclose(first, unrolled, rtol=1e-6, atol=1e-6)
 
 
+def test_layers_after_the_gru_are_trained_and_replayed_consistently():
+    """``post_gru_sizes`` (JaxMARL's MAPPO has a Dense 128 after its GRU): the layers sit between GRU and
+    output in actor and critic, and learning replays the rollout's outputs exactly (at lr 0: ratio 1)."""
+    env = Coop()
+    params = env.default_params
+    config = mappo.Config(num_envs=4, num_steps=12, total_timesteps=48, hidden_sizes=(16,), recurrent=True,
+                          gru_size=8, post_gru_sizes=(6,), num_minibatches=2, num_epochs=1, lr=1e-12)
+    agent = mappo.make(config, env, params)
+    state = jax.jit(agent.init)(jax.random.PRNGKey(3))
+    without = jax.jit(mappo.make(config.replace(post_gru_sizes=()), env, params).init)(jax.random.PRNGKey(3))
+    # Per branch a Dense 8 -> 6 (54 parameters); the heads read 6 units instead of 8 (actor 3 actions, critic 1).
+    assert state.params.size - without.params.size == 2 * 54 - 2 * 3 - 2 * 1
+    _, metrics = jax.jit(agent.update)(state)
+    assert float(metrics["approx_kl"]) < 1e-6, metrics
+
+
 @pytest.mark.parametrize("recurrent", [False, True])
 def test_minibatches_keep_fields_and_carries_aligned(recurrent):
     steps, envs, n, minibatches = 6, 8, 3, 4
@@ -434,6 +450,7 @@ def test_group_baseline_shares_environment_randomness_inside_groups_only():
         (dict(baseline="group", group_size=1), "group_size=1: must be >= 2"),
         (dict(baseline="group", num_envs=12, group_size=8), "group_size=8: must divide num_envs=12"),
         (dict(gru_size=0), "gru_size=0: must be >= 1"),
+        (dict(post_gru_sizes=(8,)), r"post_gru_sizes=\(8,\): every width must be an integer >= 1, with recurrent=true"),
         (dict(rollout_unroll=0), "rollout_unroll=0: must be >= 1"),
         (dict(hidden_sizes=(16, 0)), r"hidden_sizes=\(16, 0\): every width must be an integer >= 1"),
         (dict(activation="sigmoid"), "activation='sigmoid': must be one of"),

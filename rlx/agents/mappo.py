@@ -105,6 +105,7 @@ class Config:
     normalize_values: bool = static(True)  # value normalisation by running statistics of the targets
     recurrent: bool = static(False)  # GRU after the hidden layers of actor and critic
     gru_size: int = static(64)
+    post_gru_sizes: tuple = static(())  # hidden layers between the GRU and the output layer (JaxMARL's has one)
     baseline: str = static("critic")  # "critic" (GAE) or "group" (critic-free, group-relative)
     group_size: int = static(8)  # environments per group with baseline="group"
     anneal_lr: bool = static(True)
@@ -155,6 +156,8 @@ def validate(config: Config) -> None:
          "every width must be an integer >= 1"),
         ("activation", config.activation in ACTIVATIONS, f"must be one of {sorted(ACTIVATIONS)}"),
         ("gru_size", config.gru_size >= 1, "must be >= 1"),
+        ("post_gru_sizes", all(isinstance(h, (int, np.integer)) and h >= 1 for h in config.post_gru_sizes)
+         and (config.recurrent or not config.post_gru_sizes), "every width must be an integer >= 1, with recurrent=true"),
         ("rollout_unroll", config.rollout_unroll >= 1, "must be >= 1"),
         ("baseline", config.baseline in BASELINES, f"must be one of {list(BASELINES)}"),
         ("group_size", config.baseline != "group" or config.group_size >= 2,
@@ -245,7 +248,8 @@ class GRU(nn.Module):
 
 
 class Branch(nn.Module):
-    """Actor or critic: hidden layers, an optional GRU, a linear output of ``out_dim`` units.
+    """Actor or critic: hidden layers, an optional GRU (then ``post_gru_sizes`` hidden layers), a linear output
+    of ``out_dim`` units.
 
     Feed-forward: ``__call__(x)``. Recurrent: ``encode`` (any leading axes),
     ``recur`` (one GRU step; rows with ``reset`` start from zeros), ``output``.
@@ -257,11 +261,13 @@ class Branch(nn.Module):
     activation: str
     gru_size: int = 0  # 0: feed-forward
     input_norm: bool = False
+    post_gru_sizes: tuple = ()
 
     def setup(self):
         self.body = MLP(self.hidden_sizes, self.activation, self.input_norm)
         if self.gru_size:
             self.gru = GRU(self.gru_size)
+            self.after_gru = MLP(self.post_gru_sizes, self.activation)
         self.head = nn.Dense(self.out_dim, kernel_init=nn.initializers.orthogonal(self.out_scale))
 
     def __call__(self, x):
@@ -275,7 +281,7 @@ class Branch(nn.Module):
         return self.gru.step(carry, projected)
 
     def output(self, hidden):
-        return self.head(hidden)
+        return self.head(self.after_gru(hidden))
 
 
 class Network(nn.Module):
@@ -287,11 +293,14 @@ class Network(nn.Module):
     gru_size: int = 0
     with_critic: bool = True
     input_norm: bool = False
+    post_gru_sizes: tuple = ()
 
     def setup(self):
-        self.actor = Branch(self.action_dim, 0.01, self.hidden_sizes, self.activation, self.gru_size, self.input_norm)
+        branch = lambda out, scale: Branch(out, scale, self.hidden_sizes, self.activation, self.gru_size,  # noqa: E731
+                                           self.input_norm, self.post_gru_sizes)
+        self.actor = branch(self.action_dim, 0.01)
         if self.with_critic:
-            self.critic = Branch(1, 1.0, self.hidden_sizes, self.activation, self.gru_size, self.input_norm)
+            self.critic = branch(1, 1.0)
 
     def __call__(self, actor_x, critic_x, carry, reset):
         """Touches every parameter (used by ``init`` only)."""
@@ -569,7 +578,7 @@ def make(config: Config, env, env_params):
     critic_free = config.baseline == "group"
     gru = config.gru_size if config.recurrent else 0
     network = Network(action_dim, tuple(config.hidden_sizes), config.activation, gru, not critic_free,
-                      config.input_norm)
+                      config.input_norm, tuple(config.post_gru_sizes))
     has_mask, has_alive = hasattr(env, "action_mask"), hasattr(env, "alive")
 
     obs_spec, state_spec = jax.eval_shape(env.reset, jax.random.PRNGKey(0), env_params)
