@@ -252,6 +252,21 @@ def test_episode_metrics_on_a_corridor_by_hand():
     assert (float(info["csr"]), float(info["isr"]), float(info["soc"]), float(info["makespan"])) == (1.0, 1.0, 3.0, 2.0)
 
 
+def test_an_agent_that_leaves_its_goal_is_charged_the_whole_episode():
+    """A deliberate difference from POGEMA (README): an agent off its goal when the episode ends costs every
+    step so far, also when it stood on its goal before; POGEMA's sum-of-costs keeps the earlier arrival
+    if the agent leaves on the final, truncating step. Only unsolved episodes differ."""
+    grid = maps.from_strings(["....", "...."])
+    pool = instances.from_instances([(grid, np.array([[0, 0], [1, 0]]), np.array([[0, 1], [1, 3]]))],
+                                    max_steps_in_episode=2)
+    env = MapfEnv(2, 1, "soft", "nothing", pool)
+    _, state = env.reset_to(0, jax.random.PRNGKey(0), pool)
+    _, state, _, _, info = env.step_env(jax.random.PRNGKey(1), state, jnp.array([4, 4]), pool)
+    assert (float(info["isr"]), float(info["soc"])) == (0.5, 2.0)  # agent 0 on its goal from step 1
+    _, state, _, _, info = env.step_env(jax.random.PRNGKey(2), state, jnp.array([3, 4]), pool)
+    assert (float(info["isr"]), float(info["soc"]), float(info["makespan"])) == (0.0, 4.0, 2.0)  # POGEMA: soc 3
+
+
 def test_lifelong_mode_draws_new_goals_in_the_component_and_counts_throughput():
     grid = maps.from_strings(["....", "####", "...."])
     pool = instances.from_instances([(grid, np.array([[0, 0], [2, 0]]), np.array([[0, 1], [2, 1]]))],
