@@ -120,6 +120,17 @@ def test_entry_resets_and_steps_under_jit_and_vmap(name):
 
 
 @needs_brax
+def test_brax_options_reach_the_brax_environment():
+    env, _ = registry.make("brax-inverted_pendulum", {"backend": "generalized"})
+    assert env.backend == "generalized"
+    from rlx.envs.brax import forwarded_options
+
+    assert "terminate_when_unhealthy" in forwarded_options("hopper")  # a keyword brax's Hopper takes
+    with pytest.raises(ConfigError, match="env.options.n_frame: unknown option of brax-inverted_pendulum; valid: backend, "):
+        registry.make("brax-inverted_pendulum", {"n_frame": 2})
+
+
+@needs_brax
 def test_brax_time_limit_truncates_resets_and_keeps_the_last_observation():
     env, params, reset, rollout = programs("brax-inverted_pendulum")
     _, state0 = reset(jax.random.split(jax.random.PRNGKey(3), NUM_ENVS), params)

@@ -211,6 +211,21 @@ def test_unknown_name_lists_the_valid_ones():
         make_jaxmarl("MPE_nonexistent")
 
 
+def test_options_reach_jaxmarl_and_misspelt_ones_are_refused():
+    """``env.options`` go on to JaxMARL's constructors through ``**kwargs`` (they were all refused, the
+    valid list reading "kwargs"); JaxMARL's MPE ignores keywords it does not know, so the registry checks them."""
+    from rlx.envs import registry
+    from rlx.errors import ConfigError
+
+    env, _ = registry.make("mpe_spread", {"num_agents": 4, "num_landmarks": 4})
+    assert env.num_agents == 4
+    with pytest.raises(ConfigError, match="env.options.num_agent: unknown option of mpe_spread; valid: num_agents,"):
+        registry.make("mpe_spread", {"num_agent": 4})
+    assert registry.make("smax_3m", {"attack_mode": "random", "won_battle_bonus": 2.0})[0].num_agents == 3
+    with pytest.raises(ConfigError, match="env.options.max_step: unknown option of smax_3m; valid: enemy_shoots, attack_mode"):
+        registry.make("smax_3m", {"max_step": 50})
+
+
 def test_jaxmarl_package_init_is_not_imported():
     """MPE and SMAX modules load without jaxmarl's package __init__ (every environment family, ~6 s)."""
     programs("MPE_simple_spread_v3")

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from rlx.envs.registry import import_env_module
+from rlx.envs.registry import import_env_module, init_keywords
 
 environment = import_env_module("gymnax.environments.environment")
 spaces = import_env_module("gymnax.environments.spaces")
@@ -80,6 +80,11 @@ class EnvState(environment.EnvState):
 @struct.dataclass
 class EnvParams(environment.EnvParams):
     max_steps_in_episode: int = 1000
+
+
+def forwarded_options(env_name: str) -> list[str]:
+    """The options ``BraxEnv(env_name, **options)`` passes on to the brax environment's constructor."""
+    return [option for option in init_keywords(load_brax_envs()._envs[env_name]) if option != "backend"]
 
 
 class BraxEnv(environment.Environment):

@@ -47,7 +47,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from rlx.envs.multi_agent import MultiAgentEnv, MultiAgentParams
-from rlx.envs.registry import import_env_module, import_skipping_package_init
+from rlx.envs.registry import import_env_module, import_skipping_package_init, init_keywords
 from rlx.errors import ConfigError, UnknownNameError
 
 spaces = import_env_module("gymnax.environments.spaces")
@@ -93,6 +93,18 @@ def make_jaxmarl(name: str, **kwargs) -> JaxMARLEnv:
         heuristic = import_jaxmarl_module("jaxmarl.environments.smax.heuristic_enemy_smax_env")
         return JaxMARLEnv(heuristic.HeuristicEnemySMAX(scenario=scenario, **kwargs), name=f"SMAX_{map_name}")
     raise UnknownNameError("JaxMARL environment", name, [*MPE_ENVIRONMENTS, *maps])
+
+
+def forwarded_options(name: str) -> list[str]:
+    """The options ``make_jaxmarl(name, **options)`` passes on to JaxMARL's constructor (for the registry's
+    check of ``env.options``: JaxMARL's MPE classes silently ignore keywords they do not know)."""
+    if name in MPE_ENVIRONMENTS:
+        module, class_name = MPE_ENVIRONMENTS[name]
+        return init_keywords(getattr(import_jaxmarl_module(f"jaxmarl.environments.mpe.{module}"), class_name))
+    heuristic = import_jaxmarl_module("jaxmarl.environments.smax.heuristic_enemy_smax_env")
+    smax = import_jaxmarl_module("jaxmarl.environments.smax.smax_env").SMAX  # EnemySMAX builds one of these
+    own = [option for option in init_keywords(heuristic.HeuristicEnemySMAX) if option != "num_agents"]
+    return own + [option for option in init_keywords(smax) if option not in own and option != "scenario"]
 
 
 @struct.dataclass

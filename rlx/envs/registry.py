@@ -95,7 +95,11 @@ def make(name: str, options: dict | None = None, **param_overrides):
     constructor = getattr(import_env_module(module_name), class_name)
     arguments = {**(kwargs[0] if kwargs else {}), **(options or {})}
     if options:
-        accepted = [p for p in inspect.signature(constructor).parameters if p not in (kwargs[0] if kwargs else {})]
+        fixed = kwargs[0] if kwargs else {}
+        accepted = [p for p in keyword_names(constructor) if p not in fixed]
+        if has_var_keyword(constructor):  # what it forwards to the wrapped library's constructor
+            forwarded = getattr(import_env_module(module_name), "forwarded_options", lambda **_: [])(**fixed)
+            accepted += [p for p in forwarded if p not in accepted and p not in fixed]
         unknown = sorted(set(options) - set(accepted))
         if unknown:
             raise ConfigError(f"env.options.{unknown[0]}: unknown option of {name}; valid: {', '.join(accepted)}")
@@ -108,6 +112,31 @@ def make(name: str, options: dict | None = None, **param_overrides):
     params = params.replace(**param_overrides)
     check = getattr(env, "check_params", None)
     return env, (check(params) if check else params)
+
+
+def keyword_names(function) -> list[str]:
+    """The named keyword arguments of ``function`` (not ``self``, ``*args`` or ``**kwargs``)."""
+    keyword_kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [name for name, parameter in inspect.signature(function).parameters.items()
+            if name != "self" and parameter.kind in keyword_kinds]
+
+
+def has_var_keyword(function) -> bool:
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(function).parameters.values())
+
+
+def init_keywords(cls) -> list[str]:
+    """Keyword arguments ``cls(...)`` accepts: its ``__init__``'s, and, where that passes ``**kwargs`` on to
+    a base class, the base's (JaxMARL and brax environments forward options this way)."""
+    names = []
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None or klass is object:
+            continue
+        names += [name for name in keyword_names(init) if name not in names]
+        if not has_var_keyword(init):
+            break
+    return names
 
 
 def import_env_module(module_name: str) -> types.ModuleType:
