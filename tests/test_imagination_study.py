@@ -343,3 +343,15 @@ def test_model_error_table_shows_a_dash_where_nothing_was_measured_and_the_count
                "settings": {"quick": False, "grad_steps": 1, "real_steps": 1, "seeds": 1}}
     table = model_error.markdown(results)
     assert "| CartPole-v1: m | 0.1000 | — |" in table and "- CartPole-v1, held out: h=1: 3, h=2: 0" in table
+
+
+def test_re_rendered_tables_keep_the_date_they_were_measured():
+    """A ``--skip-training`` re-render used to stamp the table with the day it ran."""
+    from rlx import imagination
+    from rlx.imagination import model_error
+
+    assert imagination.measured_on("2026-12-02") == "2026-12-02"
+    assert imagination.measured_on(None).startswith("on an unrecorded date (re-rendered ")
+    results = {"settings": {"quick": False, "grad_steps": 10, "real_steps": 20, "seeds": 2, "measured": "2001-02-03"},
+               "horizons": [1], "rows": {"CartPole: model": [[0.5]]}, "reward_error": {}}
+    assert model_error.markdown(results).startswith("Measured 2001-02-03 on this machine's CPU")

@@ -6,6 +6,7 @@ Also the two things every study's ``reproduce`` does alike: count its seeds and 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 
@@ -36,3 +37,14 @@ def read_saved(path: Path, module: str, quick: bool) -> dict:
         raise ConfigError(f"--skip-training: {path} does not exist, so there is nothing to re-render; "
                           f"`{command}` trains and writes it")
     return json.loads(path.read_text())
+
+
+def today() -> str:
+    """The date a study's measurements are saved with (UTC)."""
+    return time.strftime("%Y-%m-%d", time.gmtime())
+
+
+def measured_on(saved_date: str | None) -> str:
+    """A table header's date: the one saved with the measurements, not the day a ``--skip-training`` re-render
+    runs (a json saved before dates were kept says so)."""
+    return saved_date or f"on an unrecorded date (re-rendered {today()} from the saved json)"

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from rlx.imagination import measured_on, today
+
 EXPERIMENT_DIR = "imagination"
 LEVEL_COUNTS = (16, 64, 256)
 TEST_OFFSET = 1_000_000  # unseen levels: ids from here on, never drawn in training
@@ -200,7 +202,7 @@ def markdown(results: dict, settings: dict) -> str:
     """The table of ``results``; its header describes ``settings``, the saved ones the rows were made with."""
     episodes = settings.get("eval_episodes", "an unrecorded number of")  # a json saved before they were kept
     dreams = settings.get("dreams", "not recorded in this json")
-    lines = [f"Measured {time.strftime('%Y-%m-%d')} on this machine's CPU"
+    lines = [f"Measured {measured_on(settings.get('measured'))} on this machine's CPU"
              f"{' (--quick: tiny budgets, the numbers mean nothing)' if settings['quick'] else ''}: "
              f"{settings['seeds']} seeds, {settings['real_steps']:,} real steps of uniformly random experience per "
              f"seed, {settings['grad_steps']:,} gradient steps; returns of sampled actions over {episodes} "
@@ -231,8 +233,8 @@ def kept_results(saved: Path, settings: dict) -> dict:
     if not saved.exists():
         return {}
     previous = json.loads(saved.read_text())
-    same = {k: v for k, v in previous["settings"].items() if k != "minutes"} == \
-        {k: v for k, v in settings.items() if k != "minutes"}
+    same = {k: v for k, v in previous["settings"].items() if k not in ("minutes", "measured")} == \
+        {k: v for k, v in settings.items() if k not in ("minutes", "measured")}
     return previous["results"] if same else {}
 
 
@@ -277,6 +279,7 @@ def reproduce(out: Path, quick: bool, skip_training: bool, seeds: int | None = N
         results = {**kept_results(saved, settings), **mine}
         results = {key: results[key] for key in sorted(results, key=int)}
         settings["minutes"] = (time.time() - started) / 60
+        settings["measured"] = today()
         partial = saved.with_suffix(".json.partial")  # then renamed: a reader never sees half a file
         partial.write_text(json.dumps({"settings": settings, "results": results}, indent=1))
         partial.replace(saved)

@@ -18,10 +18,11 @@ measures it. Writes ``experiments/imagination/model_error.md``, ``.json`` and ``
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np
+
+from rlx.imagination import measured_on, today
 
 EXPERIMENT_DIR = "imagination"
 HORIZONS = (1, 2, 3, 5, 8, 12, 15)
@@ -168,12 +169,13 @@ def measure(quick: bool) -> dict:
         reward_errors[f"maze: dreamer ({kind}), training batches, squared"] = maze_reward.tolist()
     return {"horizons": list(HORIZONS), "rows": {k: v.tolist() for k, v in rows.items()},
             "reward_error": reward_errors, "sequences_per_horizon": counts,
-            "settings": {"quick": quick, "grad_steps": grad_steps, "real_steps": real_steps, "seeds": seeds}}
+            "settings": {"quick": quick, "grad_steps": grad_steps, "real_steps": real_steps, "seeds": seeds,
+                         "measured": today()}}
 
 
 def markdown(results: dict) -> str:
     settings = results["settings"]
-    lines = [f"Measured {time.strftime('%Y-%m-%d')} on this machine's CPU"
+    lines = [f"Measured {measured_on(settings.get('measured'))} on this machine's CPU"
              f"{' (--quick: tiny budgets, the numbers mean nothing)' if settings['quick'] else ''}: open-loop "
              f"prediction error (mean squared error per observation feature) h steps after {CONTEXT} observed "
              f"steps, on {HELD_OUT_ENVS} fresh random-action sequences; dreamer trained {settings['grad_steps']:,} "

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from rlx.imagination import measured_on, today
+
 EXPERIMENT_DIR = "imagination"
 EVAL_EPISODES = 32
 EVAL_EVERY = 1024  # real env steps between evaluations (rounded up to whole updates)
@@ -120,9 +122,9 @@ def evaluation_interval(steps: list) -> int:
     return int(steps[0])
 
 
-def markdown(results: dict, seeds: int, quick: bool) -> str:
+def markdown(results: dict, seeds: int, quick: bool, measured: str | None = None) -> str:
     fmt = lambda v: "never" if v is None or not np.isfinite(v) else f"{v / 1000:.1f}k"  # noqa: E731
-    lines = [f"Measured {time.strftime('%Y-%m-%d')} on this machine's CPU"
+    lines = [f"Measured {measured or today()} on this machine's CPU"
              f"{' (--quick: tiny budgets, the numbers mean nothing)' if quick else ''}: real env steps until the "
              f"greedy evaluation return ({EVAL_EPISODES} episodes per seed, every {EVAL_EVERY} steps rounded up to "
              "whole updates: 'evaluated every' per preset) reaches the target, "
@@ -173,15 +175,17 @@ def reproduce(out: Path, quick: bool, skip_training: bool, seeds: int | None = N
             results[task][label] = {"preset": preset, **curve}
             print(f"{task} {label}: {steps_to_target(curve['steps'], curve['returns'], target)} "
                   f"({curve['train_seconds']:.0f} s)", flush=True)
+    results["measured"] = today()
     saved.write_text(json.dumps(results, indent=1))
     return write_table(out / f"sample_efficiency{suffix}.md", results, quick)
 
 
 def write_table(path: Path, results: dict, quick: bool) -> Path:
     """Render the saved curves: the steps to target are computed here, so a re-render uses the current rules."""
+    measured = measured_on(results.get("measured"))
     results = {task: {label: {**row, **steps_to_target(row["steps"], row["returns"], TASKS[task][0])}
-                      for label, row in rows.items()} for task, rows in results.items()}
+                      for label, row in rows.items()} for task, rows in results.items() if task != "measured"}
     seeds = len(next(iter(next(iter(results.values())).values()))["first"])
-    path.write_text(markdown(results, seeds, quick))
+    path.write_text(markdown(results, seeds, quick, measured))
     print(path.read_text())
     return path
