@@ -48,6 +48,28 @@ def test_movingai_parser_reads_a_map_and_names_file_and_line_of_errors(tmp_path)
             maps.parse_movingai(tmp_path / name)
 
 
+def test_pogema_placement_uses_distinct_cells_and_reachable_goals():
+    """POGEMA's rule (for measuring ours against it): 2N distinct cells, no goal on any start, every goal in
+    its start's component; and None where one-cell components leave no room."""
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        grid = maps.random_map(int(rng.integers(6, 12)), float(rng.uniform(0.1, 0.4)), rng)
+        n = int(rng.integers(1, 9))
+        placed = maps.pogema_placement(grid, n, rng)
+        if placed is None:
+            continue
+        starts, goals = placed
+        cells = {tuple(c) for c in np.concatenate([starts, goals])}
+        assert len(cells) == 2 * n and not grid[tuple(np.concatenate([starts, goals]).T)].any()
+        labels = maps.connected_components(grid)
+        assert all(labels[tuple(s)] == labels[tuple(g)] for s, g in zip(starts, goals))
+    walled = maps.from_strings([".#.", "###", ".#."])  # four one-cell components
+    assert maps.pogema_placement(walled, 1, rng) is None
+    drawn = instances.random_instances(3, 5, size=(8, 8))
+    again = instances.placed_as_pogema(drawn)
+    assert [g.shape for g, _, _ in again] == [g.shape for g, _, _ in drawn] and all(len(s) == 5 for _, s, _ in again)
+
+
 def test_impossible_instance_settings_fail_instead_of_drawing_forever():
     with pytest.raises(ConfigError, match="num_agents: 30 agents do not fit on maps of at most 5 x 5 cells"):
         instances.random_instances(1, 30, size=(4, 5))

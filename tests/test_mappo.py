@@ -213,6 +213,21 @@ def test_layers_after_the_gru_are_trained_and_replayed_consistently():
     assert float(metrics["approx_kl"]) < 1e-6, metrics
 
 
+def test_gru_input_projection_inside_or_before_the_scan_learns_the_same(monkeypatch):
+    """Where the GRU's input projection runs during replay (a speed choice by size) changes no number."""
+    env = Coop()
+    config = mappo.Config(num_envs=4, num_steps=12, total_timesteps=48, hidden_sizes=(16,), recurrent=True,
+                          gru_size=8, num_minibatches=2)
+    updated = []
+    for threshold in (0, 2**62):
+        monkeypatch.setattr(mappo, "PROJECTION_IN_SCAN_BYTES", threshold)
+        agent = mappo.make(config, env, env.default_params)
+        state, metrics = jax.jit(agent.update)(jax.jit(agent.init)(jax.random.PRNGKey(3)))
+        updated.append((state.params, metrics["value_loss"]))
+    np.testing.assert_allclose(updated[0][0], updated[1][0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(updated[0][1], updated[1][1], rtol=1e-5)
+
+
 @pytest.mark.parametrize("recurrent", [False, True])
 def test_minibatches_keep_fields_and_carries_aligned(recurrent):
     steps, envs, n, minibatches = 6, 8, 3, 4

@@ -84,7 +84,8 @@ def check_instance(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, i
 def random_instances(count: int, num_agents: int, seed: int = 0, size: tuple[int, int] = (17, 21),
                      density: tuple[float, float] = (0.1, 0.3)) -> list[tuple]:
     """Random maps as POGEMA's benchmark draws them: side and obstacle density uniform in the ranges,
-    with starts and goals from ``maps.sample_instance`` (maps too crowded for the agents are redrawn)."""
+    with starts and goals from ``maps.sample_instance`` (maps too crowded for the agents are redrawn).
+    Agents are placed by our rule, not POGEMA's (``placed_as_pogema`` re-places them)."""
     if num_agents > size[1] ** 2:
         raise ConfigError(f"num_agents: {num_agents} agents do not fit on maps of at most {size[1]} x {size[1]} cells")
     rng = np.random.default_rng(seed)
@@ -103,6 +104,19 @@ def random_instances(count: int, num_agents: int, seed: int = 0, size: tuple[int
             continue
         instances.append((grid, starts, goals))
     return instances
+
+
+def placed_as_pogema(drawn: list[tuple], seed: int = 0) -> list[tuple]:
+    """The maps of ``drawn`` with their agents placed again by POGEMA's rule (``maps.pogema_placement``): as
+    many agents, no goal on any start. For measuring what our placement rule changes."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for index, (grid, starts, _) in enumerate(drawn):
+        placed = maps.pogema_placement(grid, len(starts), rng)
+        if placed is None:
+            raise ConfigError(f"instance {index}: POGEMA's rule cannot place {len(starts)} agents on this map")
+        out.append((grid, *placed))
+    return out
 
 
 def endgame_starts(blocked: np.ndarray, goals: np.ndarray, rng: np.random.Generator, pairs: tuple[int, int] = (1, 3),

@@ -184,3 +184,30 @@ def sample_instance(blocked: np.ndarray, num_agents: int, rng: np.random.Generat
         else:
             return starts.astype(np.int32), np.array(goals, np.int32)
     raise ConfigError(f"could not place {num_agents} agents with reachable distinct goals on this map")
+
+
+def pogema_placement(blocked: np.ndarray, num_agents: int, rng: np.random.Generator):
+    """``(starts, goals)`` placed by POGEMA's rule, or None where the map cannot hold the agents: 2N distinct
+    free cells, each start in a component with room left for it and its goal, so no goal lies on any start.
+
+    Free cells are visited in a random order; a cell becomes the goal of the latest agent still waiting for
+    one in its component, else (while agents are missing) a start, if its component has two cells left.
+    ``sample_instance`` (what the tables use) differs: goals may lie on starts, an agent's own included.
+    """
+    labels = connected_components(blocked)
+    free = np.argwhere(~blocked)
+    room = np.bincount(labels[~blocked], minlength=labels.max() + 1)
+    waiting = [[] for _ in room]
+    starts, goals, placed = [], [None] * num_agents, 0
+    for cell in free[rng.permutation(len(free))]:
+        label = labels[tuple(cell)]
+        if waiting[label]:
+            goals[waiting[label].pop()] = cell
+            placed += 1
+        elif len(starts) < num_agents and room[label] >= 2:
+            room[label] -= 2
+            waiting[label].append(len(starts))
+            starts.append(cell)
+        if placed == num_agents:
+            return np.array(starts, np.int32), np.array(goals, np.int32)
+    return None

@@ -356,11 +356,35 @@ def render_lifelong(rows: dict, maps: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def placement_effect(run_dirs: list[Path], num_agents: int = 64, maps: int = 128, log: Callable = print) -> dict:
+    """CSR of the teacher and of finished map-policy runs on the table's maps at ``num_agents``, with agents
+    placed as the table places them and as POGEMA does (``instances.placed_as_pogema``): what the difference
+    between the two placement rules is worth. ``{(method, rule): summary}``."""
+    drawn, _ = test_pool(num_agents, maps)
+    results = {}
+    for rule, instances_ in (("ours", drawn), ("pogema", instances.placed_as_pogema(drawn, seed=num_agents))):
+        pool = instances.from_instances(instances_, HORIZON, num_agents=num_agents, shape=(21, 21))
+        teacher = evaluation.solver_actions(instances_, "pibt_swap_defer", HORIZON, num_agents)
+        results[("teacher", rule)] = evaluation.summarize(
+            evaluation.evaluate_actions(MapfEnv(num_agents, 5, "soft", "nothing", pool), pool, teacher))
+        for run_dir in run_dirs:
+            acts, policy, run = trained_actors(Path(run_dir), DECODE_ROUNDS)
+            env = MapfEnv(num_agents, 5, "soft", "nothing", pool, observation=run.parts.env.observation)
+            results[(str(run_dir), rule)] = evaluation.summarize(evaluation.evaluate_policy(
+                env, pool, acts["sampled"], jax.random.PRNGKey(100 + num_agents), policy))
+        for (method, placed), summary in results.items():
+            if placed == rule:
+                log(f"{method}, placed as {rule}: CSR {summary['csr']:.3f} ISR {summary['isr']:.3f} "
+                    f"({maps} test maps, N={num_agents})")
+    return results
+
+
 if __name__ == "__main__":
     import argparse
 
-    parser = argparse.ArgumentParser(description="Sampled CSR of finished MAPF runs on validation maps.")
-    parser.add_argument("command", choices=["validate"])
+    parser = argparse.ArgumentParser(description="Sampled CSR of finished MAPF runs on validation maps "
+                                     "(validate), or on the test maps under both placement rules (placement).")
+    parser.add_argument("command", choices=["validate", "placement"])
     parser.add_argument("run_dirs", nargs="+", type=Path)
     parser.add_argument("--maps", type=int, default=256, help="validation maps per agent count")
     parser.add_argument("--agents", default="32,64", help="comma-separated agent counts")
@@ -369,4 +393,8 @@ if __name__ == "__main__":
     from rlx.runner import compile_cache
 
     compile_cache.prepare_command()
-    validate(args.run_dirs, args.maps, tuple(int(n) for n in args.agents.split(",")), decode_rounds=args.decode_rounds)
+    if args.command == "placement":
+        placement_effect(args.run_dirs, int(args.agents.split(",")[-1]), args.maps)
+    else:
+        validate(args.run_dirs, args.maps, tuple(int(n) for n in args.agents.split(",")),
+                 decode_rounds=args.decode_rounds)
