@@ -21,7 +21,8 @@ The two recurrent MAPPOs have the same network (since 2026-12-06): actor and cri
 GRU(128), Dense(128)+ReLU, output layer, as JaxMARL's ``mappo_rnn_mpe.py`` (whose config's
 ``ACTIVATION: tanh`` is never read); rlx's ``recurrent=true gru_size=128 hidden_sizes=[128]
 post_gru_sizes=[128] activation=relu``, value normalisation and input LayerNorm off. The footer prints
-both parameter counts (they differ only in the critic's input: rlx's world state carries agent ids).
+both parameter counts (rlx's 1,280 more: agent ids in the actor's and the critic's inputs, 2 x 384, and
+a bias on each of the GRU's hidden-side gates, where flax's GRUCell has one, 512).
 Both timed programs initialise the agent; JaxMARL's also resets its envs outside its update loop and
 makes one host ``io_callback`` (its wandb logging, disabled here) per update.
 

@@ -224,6 +224,12 @@ def test_options_reach_jaxmarl_and_misspelt_ones_are_refused():
     assert registry.make("smax_3m", {"attack_mode": "random", "won_battle_bonus": 2.0})[0].num_agents == 3
     with pytest.raises(ConfigError, match="env.options.max_step: unknown option of smax_3m; valid: enemy_shoots, attack_mode"):
         registry.make("smax_3m", {"max_step": 50})
+    # Keywords that would crash (the scenario passes them to its base itself) or do nothing (the map sets them).
+    for name, option in (("mpe_spread", {"dim_c": 2}), ("mpe_spread", {"agents": ["a", "b", "c"]}),
+                         ("smax_3m", {"num_allies": 5})):
+        with pytest.raises(ConfigError, match=f"env.options.{next(iter(option))}: unknown option of {name}"):
+            registry.make(name, option)
+    assert registry.make("mpe_spread", {"max_steps": 30})[0].num_agents == 3  # a base keyword that passes through
 
 
 def test_jaxmarl_package_init_is_not_imported():

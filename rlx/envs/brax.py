@@ -84,7 +84,8 @@ class EnvParams(environment.EnvParams):
 
 def forwarded_options(env_name: str) -> list[str]:
     """The options ``BraxEnv(env_name, **options)`` passes on to the brax environment's constructor."""
-    return [option for option in init_keywords(load_brax_envs()._envs[env_name]) if option != "backend"]
+    return [option for option in init_keywords(load_brax_envs()._envs[env_name])
+            if option not in ("backend", "sys")]  # BraxEnv passes backend; each environment builds its own sys
 
 
 class BraxEnv(environment.Environment):

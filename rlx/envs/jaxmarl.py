@@ -39,6 +39,7 @@ JaxMARL is an optional dependency: ``pip install jaxmarl``.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import types
 from typing import Any
 
@@ -47,7 +48,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from rlx.envs.multi_agent import MultiAgentEnv, MultiAgentParams
-from rlx.envs.registry import import_env_module, import_skipping_package_init, init_keywords
+from rlx.envs.registry import import_env_module, import_skipping_package_init, init_keywords, keyword_names
 from rlx.errors import ConfigError, UnknownNameError
 
 spaces = import_env_module("gymnax.environments.spaces")
@@ -100,11 +101,29 @@ def forwarded_options(name: str) -> list[str]:
     check of ``env.options``: JaxMARL's MPE classes silently ignore keywords they do not know)."""
     if name in MPE_ENVIRONMENTS:
         module, class_name = MPE_ENVIRONMENTS[name]
-        return init_keywords(getattr(import_jaxmarl_module(f"jaxmarl.environments.mpe.{module}"), class_name))
+        cls = getattr(import_jaxmarl_module(f"jaxmarl.environments.mpe.{module}"), class_name)
+        own = keyword_names(cls.__init__)
+        return own + [option for option in init_keywords(cls) if option not in own and passes_through(cls, option)]
     heuristic = import_jaxmarl_module("jaxmarl.environments.smax.heuristic_enemy_smax_env")
     smax = import_jaxmarl_module("jaxmarl.environments.smax.smax_env").SMAX  # EnemySMAX builds one of these
     own = [option for option in init_keywords(heuristic.HeuristicEnemySMAX) if option != "num_agents"]
-    return own + [option for option in init_keywords(smax) if option not in own and option != "scenario"]
+    set_by_the_map = ("scenario", "num_allies", "num_enemies")  # a map's scenario overrides these
+    return own + [option for option in init_keywords(smax)
+                  if option not in own and option not in set_by_the_map and not option.startswith("smacv2_")]
+
+
+def passes_through(cls, option: str) -> bool:
+    """Whether ``cls(option=...)`` reaches its base class: an MPE scenario sets some of its base's keywords
+    itself, and passing one of those again fails (``got multiple values``)."""
+    for klass in cls.__mro__[1:]:
+        parameter = inspect.signature(klass.__init__).parameters.get(option) if "__init__" in vars(klass) else None
+        if parameter is not None and parameter.default is not inspect.Parameter.empty:
+            try:
+                cls(**{option: parameter.default})
+            except TypeError:
+                return False
+            return True
+    return False
 
 
 @struct.dataclass
