@@ -1,7 +1,12 @@
 """Errors that the command line reports as one line and exit code 2."""
 
 
-class ConfigError(ValueError):
+class InputError(ValueError):
+    """Bad input from the user, a configuration value or a data file: command lines print its message (which
+    names the field, or the file and line) as one line, exit code 2."""
+
+
+class ConfigError(InputError):
     """An invalid configuration value, raised before anything is compiled."""
 
 

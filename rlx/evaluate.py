@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from rlx.cli_args import parse_key_values
-from rlx.errors import ConfigError
+from rlx.errors import ConfigError, InputError
 
 OPTIONS = {"run_dir": None, "episodes": "16", "greedy": "true", "seed": "0", "render": "false", "render_steps": "200",
            "gymnasium": None}
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
             length = render_episode(run, result["best_point"], gif, options["render_steps"], options["seed"])
             print(f"wrote {gif} ({length} frames)")
         print(f"wrote {out}", file=sys.stderr)
-    except ConfigError as error:
+    except InputError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
 

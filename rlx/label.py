@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 
 from rlx.cli_args import parse_key_values
-from rlx.errors import ConfigError
+from rlx.errors import ConfigError, InputError
 from rlx.pbrl.labels import ANSWERS, LabelError, append_label, read_labels
-from rlx.pbrl.queries import QueryFileError, known_segment_ids, load_queries, make_queries, save_queries
+from rlx.pbrl.queries import known_segment_ids, load_queries, make_queries, save_queries
 
 OPTIONS = {"run_dir": None, "env": "CartPole-v1", "pairs": "30", "segment_length": "50", "seed": "0", "port": "0",
            "open": "false"}
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> None:
             server = make_server(run_dir, options["port"])
         except OSError as error:
             raise ConfigError(f"port={options['port']}: cannot listen on {HOST} ({error.strerror})") from None
-    except (ConfigError, QueryFileError, LabelError) as error:
+    except InputError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
     queries = server.queries

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rlx.errors import ConfigError
+from rlx.errors import ConfigError, InputError
 from rlx.runner import artifacts
 
 
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     out = args.out or (args.dirs[0] if len(args.dirs) == 1 else Path("report"))
     try:
         report = write_report(args.dirs, out)
-    except ConfigError as error:
+    except InputError as error:
         raise SystemExit(f"error: {error}") from None
     print(report.read_text().split("\n![")[0])
     print(f"wrote {report}", file=sys.stderr)

@@ -21,7 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-from rlx.errors import ConfigError, UnknownNameError
+from rlx.errors import InputError, UnknownNameError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         reproduce(args.name, args.seeds, args.quick, args.skip_training,
                   tuple(args.tasks.split(",")) if args.tasks else None)
-    except ConfigError as error:  # bad names and settings: one line, no traceback
+    except InputError as error:  # bad names, settings or data files: one line, no traceback
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
 

@@ -15,7 +15,7 @@ import re  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from rlx.errors import ConfigError, UnknownNameError  # noqa: E402
+from rlx.errors import ConfigError, InputError, UnknownNameError  # noqa: E402
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("exp", "algo", "env", "logger")
@@ -233,8 +233,8 @@ def main() -> None:
                 cfg = resume_config(cfg, list(hydra_cfg.overrides.task))
                 run_dir = Path(cfg.run.resume)
             execute(cfg, run_dir, imported_seconds, _PROCESS_START if first_job else tick)
-        except (ConfigError, NonFiniteError) as error:
-            code = 2 if isinstance(error, ConfigError) else 1
+        except (InputError, NonFiniteError) as error:
+            code = 2 if isinstance(error, InputError) else 1
             if hydra_cfg.mode != RunMode.MULTIRUN:
                 fail(str(error), code)
             # one job's failure must not end the sweep: report it, go on, and exit non-zero at the end

@@ -186,3 +186,25 @@ def test_help_lists_presets(run_cli):
     assert done.returncode == 0
     presets = sorted(p.stem for p in (ROOT / "conf" / "exp").glob("*.yaml"))
     assert len(presets) >= 3 and f"exp: {', '.join(presets)}" in done.stdout
+
+
+def test_a_malformed_data_file_is_one_line_not_a_traceback(monkeypatch, capsys):
+    """Data-file errors (market days, preference datasets, queries, labels) share configuration errors'
+    base, so the command lines print them as one line and exit 2, as they print bad settings."""
+    from rlx import reproduce
+    from rlx.envs.market.data import DataError
+    from rlx.errors import InputError
+    from rlx.pbrl.datasets import DatasetError
+    from rlx.pbrl.labels import LabelError
+    from rlx.pbrl.queries import QueryFileError
+
+    assert all(issubclass(error, InputError) for error in (DataError, DatasetError, LabelError, QueryFileError))
+
+    def malformed(*args):
+        raise DataError("days/day_3.npz:12: NaN in bid_prices")
+
+    monkeypatch.setattr(reproduce, "reproduce", malformed)
+    with pytest.raises(SystemExit) as exit_info:
+        reproduce.main(["mm_event_vs_time"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == "error: days/day_3.npz:12: NaN in bid_prices\n"

@@ -58,11 +58,13 @@ from pathlib import Path
 
 import numpy as np
 
+from rlx.errors import InputError
+
 LEVELS = ("random", "medium", "expert", "replay")
 REQUIRED = ("obs", "actions", "rewards", "pairs", "labels", "mask", "env", "level")
 
 
-class DatasetError(ValueError):
+class DatasetError(InputError):
     """A malformed dataset file: the message names the file and the field."""
 
 

@@ -23,11 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
+from rlx.errors import InputError
+
 ANSWERS = {"left": 0.0, "right": 1.0, "equal": 0.5, "skip": 0.5}
 FIELDS = ("query", "left", "right", "answer")
 
 
-class LabelError(ValueError):
+class LabelError(InputError):
     """A malformed label file: the message names the file and the line."""
 
 

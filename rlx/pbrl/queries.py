@@ -31,11 +31,13 @@ from pathlib import Path
 
 import numpy as np
 
+from rlx.errors import InputError
+
 FIELDS = ("segment_ids", "obs", "action", "reward", "pairs", "env")
 OPTIONAL_FIELDS = ("absorbing",)
 
 
-class QueryFileError(ValueError):
+class QueryFileError(InputError):
     """A malformed queries file: the message names the file and the field."""
 
 

@@ -38,8 +38,10 @@ from pathlib import Path
 
 import numpy as np
 
+from rlx.errors import InputError
 
-class DataError(ValueError):
+
+class DataError(InputError):
     """A malformed data file: the message names the file and the line."""
 
 
