@@ -105,7 +105,8 @@ def rlx_mappo(num_envs: int, updates: int, repeats: int, recurrent: bool) -> tup
         return checksum(jax.lax.scan(lambda s, _: agent.update(s), agent.init(key), None, updates))
 
     compile_s, run_s, _ = timed(train, jax.random.PRNGKey(0), repeats=repeats)
-    return compile_s, run_s, num_envs * NUM_STEPS * updates, count_parameters(jax.eval_shape(agent.init, jax.random.PRNGKey(0)).params)
+    parameters = count_parameters(jax.eval_shape(agent.init, jax.random.PRNGKey(0)).params)
+    return compile_s, run_s, num_envs * NUM_STEPS * updates, parameters
 
 
 def count_parameters(tree) -> int:

@@ -660,23 +660,15 @@ def make(config: Config, env, env_params):
 
         Step ``t`` gives what ``branch_step`` gives on ``xs[t]`` with the carry left by step ``t - 1``.
         """
-        if project_in_scan(xs):
-            embedded = network.apply(params, xs, method=lambda m, x: getattr(m, name).body(x))
+        in_scan = project_in_scan(xs)  # else the whole sequence is projected before the scan
+        before = (lambda m, x: getattr(m, name).body(x)) if in_scan else (lambda m, x: getattr(m, name).encode(x))
+        inside = (lambda m, x: getattr(m, name).gru.project(x)) if in_scan else (lambda m, x: x)
 
-            def step(h, inputs):
-                h = network.apply(params, h, *inputs, method=lambda m, h, e, r: getattr(m, name).recur(
-                    h, getattr(m, name).gru.project(e), r))
-                return h, h
+        def step(h, inputs):
+            h = network.apply(params, h, *inputs, method=lambda m, h, x, r: getattr(m, name).recur(h, inside(m, x), r))
+            return h, h
 
-            carry, hidden = jax.lax.scan(step, carry, (embedded, resets))
-        else:
-            projected = network.apply(params, xs, method=lambda m, x: getattr(m, name).encode(x))
-
-            def step(h, inputs):
-                h = network.apply(params, h, *inputs, method=lambda m, h, p, r: getattr(m, name).recur(h, p, r))
-                return h, h
-
-            carry, hidden = jax.lax.scan(step, carry, (projected, resets))
+        carry, hidden = jax.lax.scan(step, carry, (network.apply(params, xs, method=before), resets))
         return network.apply(params, hidden, method=lambda m, h: getattr(m, name).output(h)), hidden
 
     def project_in_scan(xs) -> bool:

@@ -92,13 +92,14 @@ def make(name: str, options: dict | None = None, **param_overrides):
     if name not in ENVIRONMENTS:
         raise UnknownNameError("env", name, names())
     module_name, class_name, *kwargs = ENVIRONMENTS[name]
-    constructor = getattr(import_env_module(module_name), class_name)
+    module = import_env_module(module_name)
+    constructor = getattr(module, class_name)
     arguments = {**(kwargs[0] if kwargs else {}), **(options or {})}
     if options:
         fixed = kwargs[0] if kwargs else {}
         accepted = [p for p in keyword_names(constructor) if p not in fixed]
         if has_var_keyword(constructor):  # what it forwards to the wrapped library's constructor
-            forwarded = getattr(import_env_module(module_name), "forwarded_options", lambda **_: [])(**fixed)
+            forwarded = getattr(module, "forwarded_options", lambda **_: [])(**fixed)
             accepted += [p for p in forwarded if p not in accepted and p not in fixed]
         unknown = sorted(set(options) - set(accepted))
         if unknown:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rlx.imagination import measured_on, today
+from rlx.imagination import measured_on, read_saved, seed_count, today
 
 EXPERIMENT_DIR = "imagination"
 LEVEL_COUNTS = (16, 64, 256)
@@ -256,8 +256,6 @@ def reproduce(out: Path, quick: bool, skip_training: bool, seeds: int | None = N
     those that another process running other N (``--tasks``) saves meanwhile: one process per core and N.
     ``seeds``: ``--seeds`` (None: ``SEEDS``, 2 with ``quick``)."""
     from rlx.envs import registry
-    from rlx.imagination import read_saved, seed_count
-
     level_counts = check_level_counts(tasks)
     settings = run_settings(quick, seed_count(seeds, quick, SEEDS))
     out.mkdir(parents=True, exist_ok=True)

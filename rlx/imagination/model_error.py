@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rlx.imagination import measured_on, today
+from rlx.imagination import measured_on, read_saved, today
 
 EXPERIMENT_DIR = "imagination"
 HORIZONS = (1, 2, 3, 5, 8, 12, 15)
@@ -56,24 +56,30 @@ def per_horizon(errors, is_first):
     horizon no sequence reaches within its episode: there is no error to report, and 0 would read as exact."""
     import jax.numpy as jnp
 
-    alive = jnp.cumprod(1.0 - is_first, 0)
-    counts = horizon_counts(is_first)
+    alive = still_alive(is_first)
+    counts = horizon_counts(alive)
     sums = jnp.stack([(errors[h - 1] * alive[h - 1]).sum() for h in HORIZONS])
     return jnp.where(counts > 0, sums / jnp.maximum(counts, 1.0), jnp.nan)
 
 
-def horizon_counts(is_first):
-    """For each ``h`` in ``HORIZONS``, how many sequences have no episode start in the first ``h`` predicted
-    steps (``is_first [max(HORIZONS), B]``): the sequences each horizon's error is averaged over."""
+def still_alive(is_first):
+    """``[max(HORIZONS), B]``: 1 while a sequence has had no episode start among the predicted steps so far."""
     import jax.numpy as jnp
 
-    alive = jnp.cumprod(1.0 - jnp.asarray(is_first, jnp.float32), 0)
+    return jnp.cumprod(1.0 - jnp.asarray(is_first, jnp.float32), 0)
+
+
+def horizon_counts(alive):
+    """For each ``h`` in ``HORIZONS``, how many sequences ``still_alive`` through the first ``h`` predicted steps:
+    the sequences each horizon's error is averaged over."""
+    import jax.numpy as jnp
+
     return jnp.stack([alive[h - 1].sum() for h in HORIZONS])
 
 
 def counted_sequences(data) -> list[int]:
     """``horizon_counts`` of held-out ``data`` (its steps after the ``CONTEXT`` observed ones), as ints."""
-    return [int(c) for c in horizon_counts(np.asarray(data.is_first[CONTEXT:CONTEXT + max(HORIZONS)]))]
+    return [int(c) for c in horizon_counts(still_alive(np.asarray(data.is_first[CONTEXT:CONTEXT + max(HORIZONS)])))]
 
 
 def copy_last_error(data) -> np.ndarray:
@@ -138,7 +144,6 @@ def measure(quick: bool) -> dict:
     from rlx.agents import dreamer
     from rlx.envs import registry
     from rlx.imagination import generalization
-
     grad_steps, real_steps, seeds = (20, 2048, 2) if quick else (GRAD_STEPS, REAL_STEPS, SEEDS)
     rows = {}
     cartpole, cartpole_params = registry.make("CartPole-v1")
@@ -220,8 +225,6 @@ def plot(results: dict, path: Path) -> None:
 
 def reproduce(out: Path, quick: bool, skip_training: bool) -> Path:
     """Measure (``skip_training``: re-render the saved json) and write ``model_error{_quick}.md/.json/.png``."""
-    from rlx.imagination import read_saved
-
     out.mkdir(parents=True, exist_ok=True)
     suffix = "_quick" if quick else ""
     saved, path = out / f"model_error{suffix}.json", out / f"model_error{suffix}.md"

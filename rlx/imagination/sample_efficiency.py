@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rlx.imagination import measured_on, today
+from rlx.imagination import measured_on, read_saved, seed_count, today
 
 EXPERIMENT_DIR = "imagination"
 EVAL_EPISODES = 32
@@ -158,8 +158,6 @@ def markdown(results: dict, seeds: int, quick: bool, measured: str | None = None
 def reproduce(out: Path, quick: bool, skip_training: bool, seeds: int | None = None) -> Path:
     """Train every row (``skip_training``: re-render the saved json), write ``sample_efficiency{_quick}.md`` /
     ``.json`` into ``out``; the path of the table. ``seeds``: ``--seeds`` (None: ``SEEDS``, 2 with ``quick``)."""
-    from rlx.imagination import read_saved, seed_count
-
     seeds = seed_count(seeds, quick, SEEDS)
     out.mkdir(parents=True, exist_ok=True)
     suffix = "_quick" if quick else ""

@@ -83,6 +83,7 @@ def parse_movingai(path: str | Path) -> np.ndarray:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: no such map file")
+
     def fail(line_number: int, message: str):
         raise ConfigError(f"{path}:{line_number}: {message}")
 

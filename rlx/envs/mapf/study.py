@@ -63,7 +63,12 @@ def test_pool(num_agents: int, maps: int, seed: int = TEST_SEED):
     """``maps`` unseen instances with ``num_agents`` agents: the table's (``TEST_SEED``) or, with
     ``VALIDATION_SEED``, the ones that choices between presets and schedules are made on."""
     drawn = instances.random_instances(maps, num_agents, seed=seed + num_agents)
-    return drawn, instances.from_instances(drawn, HORIZON, num_agents=num_agents, shape=(21, 21))
+    return drawn, pool_of(drawn, num_agents)
+
+
+def pool_of(drawn: list[tuple], num_agents: int):
+    """The table's environment pool of ``drawn`` instances: its horizon, 21 x 21 maps, ``num_agents`` slots."""
+    return instances.from_instances(drawn, HORIZON, num_agents=num_agents, shape=(21, 21))
 
 
 def lifelong_pool(maps: int):
@@ -154,17 +159,23 @@ def validate(run_dirs: list[Path], maps: int = 256, counts: tuple[int, ...] = (3
     schedule is chosen without looking at the test maps. ``{(run_dir, n): summary}``."""
     results = {}
     for run_dir in run_dirs:
-        acts, policy, run = trained_actors(Path(run_dir), decode_rounds)
-        observation = getattr(run.parts.env, "observation", "local")
+        loaded = trained_actors(Path(run_dir), decode_rounds)
         for n in counts:
             _, pool = test_pool(n, maps, VALIDATION_SEED)
-            env = MapfEnv(n, 5, "soft", "nothing", pool, observation=observation)
-            summary = evaluation.summarize(evaluation.evaluate_policy(env, pool, acts["sampled"],
-                                                                      jax.random.PRNGKey(100 + n), policy))
+            summary = sampled_summary(loaded, n, pool)
             results[(str(run_dir), n)] = summary
             log(f"{run_dir} N={n}: CSR {summary['csr']:.3f} ISR {summary['isr']:.3f} "
                 f"makespan {summary['makespan']:.1f} ({maps} validation maps, sampled)")
     return results
+
+
+def sampled_summary(loaded: tuple, num_agents: int, pool) -> dict[str, float]:
+    """CSR, ISR and makespan of a run loaded by ``trained_actors``, acting by sampling on ``pool`` with the
+    table's key for ``num_agents``."""
+    acts, policy, run = loaded
+    env = MapfEnv(num_agents, 5, "soft", "nothing", pool, observation=getattr(run.parts.env, "observation", "local"))
+    return evaluation.summarize(evaluation.evaluate_policy(env, pool, acts["sampled"],
+                                                           jax.random.PRNGKey(100 + num_agents), policy))
 
 
 def refine_copy(source: Path, target: Path, rounds: tuple) -> None:
@@ -360,22 +371,21 @@ def placement_effect(run_dirs: list[Path], num_agents: int = 64, maps: int = 128
     """CSR of the teacher and of finished map-policy runs on the table's maps at ``num_agents``, with agents
     placed as the table places them and as POGEMA does (``instances.placed_as_pogema``): what the difference
     between the two placement rules is worth. ``{(method, rule): summary}``."""
-    drawn, _ = test_pool(num_agents, maps)
+    drawn, table_pool = test_pool(num_agents, maps)
+    repositioned = instances.placed_as_pogema(drawn, seed=num_agents)
+    placements = {"ours": (drawn, table_pool), "pogema": (repositioned, pool_of(repositioned, num_agents))}
+    runs = {str(run_dir): trained_actors(Path(run_dir), DECODE_ROUNDS) for run_dir in run_dirs}
     results = {}
-    for rule, instances_ in (("ours", drawn), ("pogema", instances.placed_as_pogema(drawn, seed=num_agents))):
-        pool = instances.from_instances(instances_, HORIZON, num_agents=num_agents, shape=(21, 21))
-        teacher = evaluation.solver_actions(instances_, "pibt_swap_defer", HORIZON, num_agents)
+    for rule, (placed, pool) in placements.items():
+        teacher = evaluation.solver_actions(placed, "pibt_swap_defer", HORIZON, num_agents)
         results[("teacher", rule)] = evaluation.summarize(
             evaluation.evaluate_actions(MapfEnv(num_agents, 5, "soft", "nothing", pool), pool, teacher))
-        for run_dir in run_dirs:
-            acts, policy, run = trained_actors(Path(run_dir), DECODE_ROUNDS)
-            env = MapfEnv(num_agents, 5, "soft", "nothing", pool, observation=run.parts.env.observation)
-            results[(str(run_dir), rule)] = evaluation.summarize(evaluation.evaluate_policy(
-                env, pool, acts["sampled"], jax.random.PRNGKey(100 + num_agents), policy))
-        for (method, placed), summary in results.items():
-            if placed == rule:
-                log(f"{method}, placed as {rule}: CSR {summary['csr']:.3f} ISR {summary['isr']:.3f} "
-                    f"({maps} test maps, N={num_agents})")
+        for name, loaded in runs.items():
+            results[(name, rule)] = sampled_summary(loaded, num_agents, pool)
+        for method in ("teacher", *runs):
+            summary = results[(method, rule)]
+            log(f"{method}, placed as {rule}: CSR {summary['csr']:.3f} ISR {summary['isr']:.3f} "
+                f"({maps} test maps, N={num_agents})")
     return results
 
 

@@ -120,13 +120,13 @@ class QuotingEnv(environment.Environment):
         for field in positive:
             if not getattr(params, field) > 0:
                 raise ConfigError(f"env.params.{field}: {getattr(params, field)} must be > 0")
-        rate = params.arrival_rate
+        events = {"arrival_rate": params.arrival_rate}
         if params.arrival_process == ARRIVAL_PROCESSES.index("hawkes"):
             if not 0 <= params.hawkes_jump < params.hawkes_decay:
                 raise ConfigError(f"env.params.hawkes_jump: {params.hawkes_jump} must be >= 0 and below hawkes_decay "
                                   f"({params.hawkes_decay}), or the arrivals excite themselves without bound")
-            rate = params.arrival_rate * params.hawkes_decay / (params.hawkes_decay - params.hawkes_jump)
-        events = {"arrival_rate (its stationary Hawkes mean)" if rate != params.arrival_rate else "arrival_rate": rate}
+            stationary = params.arrival_rate * params.hawkes_decay / (params.hawkes_decay - params.hawkes_jump)
+            events = {"arrival_rate (its stationary Hawkes mean)": stationary}
         if params.price_process == PRICE_PROCESSES.index("jump"):
             events["jump_rate"] = params.jump_rate
         for name, per_unit_time in events.items():  # one Bernoulli draw a step stands for at most one event
