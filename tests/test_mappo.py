@@ -74,7 +74,7 @@ class MarkerEnv(MultiAgentEnv):
         return type("Discrete", (), {"n": N_ACTIONS})()
 
 
-def marker_reference(traj_first_obs_marker, steps, envs):
+def marker_reference(traj_first_obs_marker, steps, envs, horizon=HORIZON):
     """NumPy simulation of MarkerEnv given each episode's marker (read where the episode starts)."""
     ref = {name: np.zeros((steps, envs, N_AGENTS, dim)) for name, dim in
            [("obs", 4), ("world", 3), ("final_obs", 4), ("final_world", 3)]}
@@ -88,7 +88,7 @@ def marker_reference(traj_first_obs_marker, steps, envs):
                 marker, alive, reset[t, e] = traj_first_obs_marker(t, e), np.ones(N_AGENTS, bool), True
             next_time = time + 1
             next_alive = alive & np.array([next_time < 1 + (int(marker) + i) % 4 for i in range(N_AGENTS)])
-            over = (not next_alive.any()) or next_time >= HORIZON
+            over = (not next_alive.any()) or next_time >= horizon
             for i in range(N_AGENTS):
                 ref["obs"][t, e, i] = np.array([marker, i, time, 1.0]) * alive[i]
                 ref["world"][t, e, i] = [marker, time, alive.sum()]
@@ -131,21 +131,42 @@ def random_policy(agent, scale=1.0, seed=0, stats=None):
 # --------------------------------------------------------------------------- ordering
 
 
-def test_rollout_keeps_every_env_and_agent_position_aligned():
-    """Observations, world states (critic inputs), masks/actions, rewards, dones, resets, values and advantages
-    of each (time, env, agent) agree with a per-episode NumPy simulation of the marker environment."""
+def critic_values(agent, policy, ref, flat, reset, recurrent):
+    """The critic's values of the states acted in and of the states reached (before any auto-reset), from
+    the public value functions on the reference inputs; recurrent: a step at a time from the rollout's resets,
+    each state reached read with the memory left after its step."""
+    alive, final_alive = flat["alive"].astype(bool), flat["final_alive"].astype(bool)
+    world, final_world = ref["world"][:, :, 0], ref["final_world"][:, :, 0]
+    if not recurrent:
+        value = jax.jit(agent.value)
+        return value(policy, ref["obs"], world, alive), value(policy, ref["final_obs"], final_world, final_alive)
+    step = jax.jit(agent.value)
+    carry, values, next_values = agent.init_carry(reset.shape[1]), [], []
+    for t in range(reset.shape[0]):
+        carry, acted_in = step(policy, carry, ref["obs"][t], world[t], reset[t], alive[t])
+        _, reached = step(policy, carry, ref["final_obs"][t], final_world[t], np.zeros_like(reset[t]), final_alive[t])
+        values.append(acted_in)
+        next_values.append(reached)
+    return np.stack(values), np.stack(next_values)
+
+
+@pytest.mark.parametrize("horizon, recurrent", [(HORIZON, False), (3, False), (3, True)])
+def test_rollout_keeps_every_env_and_agent_position_aligned(horizon, recurrent):
+    """Observations, world states (critic inputs), masks/actions, rewards, dones, resets, values, bootstrap
+    values and advantages of each (time, env, agent) agree with a per-episode NumPy simulation of the marker
+    environment; at horizon 3 some agents' episodes are cut by the time limit (their values bootstrapped)."""
     env = MarkerEnv()
-    params = env.default_params
+    params = MultiAgentParams(max_steps_in_episode=horizon)
     steps, envs = 12, 4
     config = mappo.Config(num_envs=envs, num_steps=steps, total_timesteps=envs * steps, hidden_sizes=(16,),
-                          num_minibatches=2, num_epochs=1, gamma=0.9, gae_lambda=0.8)
+                          num_minibatches=2, num_epochs=1, gamma=0.9, gae_lambda=0.8, recurrent=recurrent, gru_size=8)
     assert is_multi_agent(env)
     agent = mappo.make(config, env, params)
     state = jax.jit(agent.init)(jax.random.PRNGKey(0))
     state, traj = jax.jit(agent.collect)(state)
     value_stats, batch = jax.jit(agent.prepare)(state, traj)
     markers = np.asarray(traj.actor_in[:, :, 0, 0])  # agent 0's view; agent 0 is alive at every episode start
-    ref, flat, reset = marker_reference(lambda t, e: markers[t, e], steps, envs)
+    ref, flat, reset = marker_reference(lambda t, e: markers[t, e], steps, envs, horizon)
     assert len(set(markers[0])) == envs  # distinct episodes in every env
     assert reset[1:].any()  # episodes end (and restart) inside the rollout
 
@@ -154,8 +175,6 @@ def test_rollout_keeps_every_env_and_agent_position_aligned():
     # Centralised critic: world state + id; a dead agent gets zeros + its id.
     alive = flat["alive"][..., None]
     np.testing.assert_allclose(traj.critic_in, np.concatenate([ref["world"] * alive, ids], -1))
-    final_alive = flat["final_alive"][..., None]
-    np.testing.assert_allclose(traj.final_critic_in, np.concatenate([ref["final_world"] * final_alive, ids], -1))
     np.testing.assert_array_equal(traj.alive, flat["alive"].astype(bool))
     np.testing.assert_array_equal(traj.action, flat["action"])  # the only available action, everywhere
     np.testing.assert_allclose(traj.reward, flat["reward"], rtol=1e-6)
@@ -163,11 +182,13 @@ def test_rollout_keeps_every_env_and_agent_position_aligned():
     np.testing.assert_array_equal(traj.done, flat["done"])
     np.testing.assert_array_equal(traj.reset, reset)
 
-    # Values from the public value() on the reference inputs; advantages from a per-sequence NumPy GAE.
-    value = jax.jit(agent.value)
-    values = value(state.policy, ref["obs"], ref["world"][:, :, 0], flat["alive"].astype(bool))
-    next_values = value(state.policy, ref["final_obs"], ref["final_world"][:, :, 0], flat["final_alive"].astype(bool))
+    # Values from the public value functions on the reference inputs; advantages from a per-sequence NumPy GAE.
+    values, next_values = critic_values(agent, state.policy, ref, flat, reset, recurrent)
     np.testing.assert_allclose(traj.value, values, rtol=1e-5, atol=1e-5)
+    # Episodes cut by the horizon, not by the agent's end: the rollout kept the value of the state reached.
+    cut = flat["done"].astype(bool) & ~flat["terminated"].astype(bool)
+    assert cut.any() == (horizon < 4)
+    np.testing.assert_allclose(traj.bootstrap_value, np.where(cut, next_values, 0.0), rtol=1e-5, atol=1e-5)
     want_adv, want_targets = gae_reference(flat["reward"], np.asarray(values), np.asarray(next_values),
                                            flat["terminated"], flat["done"], 0.9, 0.8)
     np.testing.assert_allclose(batch.advantage, want_adv, rtol=1e-4, atol=1e-3)

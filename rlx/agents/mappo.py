@@ -487,8 +487,8 @@ class Transition(NamedTuple):
     reward: jax.Array
     terminated: jax.Array  # the agent's end (cuts the bootstrap)
     done: jax.Array  # the agent's end, a truncation or the episode's end
-    final_critic_in: jax.Array  # critic input of the state reached, before any auto-reset
-    critic_hidden: jax.Array  # recurrent: critic GRU state after reading critic_in (else a placeholder)
+    bootstrap_value: jax.Array  # where the agent's episode was cut without its end (truncation, the episode's
+    # end): the value of the state reached, before any auto-reset, in return units; 0 elsewhere
 
 
 class Batch(NamedTuple):
@@ -639,24 +639,32 @@ def make(config: Config, env, env_params):
         raw = raw[..., 0]
         return stats.denormalize(raw) if config.normalize_values else raw
 
+    def as_rows(apply, x, *more):
+        """``apply`` to ``x [..., d]`` (and ``more`` arrays with the same leading axes) as ``[rows, d]`` matrices,
+        outputs reshaped back: XLA's CPU kernels are slower on ``[..., env, agent, d]`` arrays (a learning epoch
+        of the benchmark's recurrent network took 1.16x as long, of the feed-forward one 1.3x)."""
+        lead = x.shape[:-1]
+        outputs = apply(*(a.reshape((-1,) + a.shape[len(lead):]) for a in (x,) + more))
+        return jax.tree.map(lambda out: out.reshape(lead + out.shape[1:]), outputs)
+
     def actor_ff(params, x):
-        return network.apply(params, x, method=lambda m, x: m.actor(x))
+        return as_rows(lambda rows: network.apply(params, rows, method=lambda m, x: m.actor(x)), x)
 
     def critic_ff(params, x):
-        return network.apply(params, x, method=lambda m, x: m.critic(x))
+        return as_rows(lambda rows: network.apply(params, rows, method=lambda m, x: m.critic(x)), x)
 
     def branch_step(params, name, carry, x, reset):
         """One recurrent step of the actor or critic: (new carry, output)."""
 
-        def step(m, carry, x, reset):
+        def step(m, x, carry, reset):
             branch = getattr(m, name)
             carry = branch.recur(carry, branch.encode(x), reset)
             return carry, branch.output(carry)
 
-        return network.apply(params, carry, x, reset, method=step)
+        return as_rows(lambda *rows: network.apply(params, *rows, method=step), x, carry, reset)
 
     def branch_unroll(params, name, carry, xs, resets):
-        """Replay ``xs [T, B, n, ...]`` from ``carry [B, n, H]`` with ``resets [T, B, n]``: outputs ``[T, B, n, ...]``.
+        """Replay ``xs [T, rows, d]`` from ``carry [rows, H]`` with ``resets [T, rows]``: outputs ``[T, rows, ...]``.
 
         Step ``t`` gives what ``branch_step`` gives on ``xs[t]`` with the carry left by step ``t - 1``.
         """
@@ -669,7 +677,7 @@ def make(config: Config, env, env_params):
             return h, h
 
         carry, hidden = jax.lax.scan(step, carry, (network.apply(params, xs, method=before), resets))
-        return network.apply(params, hidden, method=lambda m, h: getattr(m, name).output(h)), hidden
+        return network.apply(params, hidden, method=lambda m, h: getattr(m, name).output(h))
 
     def project_in_scan(xs) -> bool:
         """Whether to apply the GRU's input projection inside the replay scan, a step at a time, rather than to
@@ -776,17 +784,14 @@ def make(config: Config, env, env_params):
             truncated = jnp.broadcast_to(truncated, (config.num_envs, n)).astype(bool)
             episode_over = info.get("episode_over", terminated.all(-1) | truncated[:, 0])
             done = terminated | truncated | episode_over[:, None]
-            if config.centralized_critic and not critic_free:
-                final_world = info["final_world_state"]
-            else:
-                final_world = world  # unused by an IPPO critic
-            final_c_in = critic_in_of(info["final_observation"], final_world, ~terminated)
+            cut = done & ~terminated
+            bootstrap = cut_values(params, state.value_stats, critic_carry, info, world, terminated, cut)
 
             episode_return = state.episode_return + reward
             transition = Transition(
                 actor_in=a_in, critic_in=c_in, mask=mask, alive=alive, reset=state.reset, action=action,
                 log_prob=log_prob, value=val, reward=reward, terminated=terminated.astype(jnp.float32),
-                done=done.astype(jnp.float32), final_critic_in=final_c_in, critic_hidden=critic_carry,
+                done=done.astype(jnp.float32), bootstrap_value=bootstrap,
             )
             # The carries stay as they are where an episode ended: ``reset`` zeroes them at the next read.
             state = state.replace(
@@ -803,40 +808,75 @@ def make(config: Config, env, env_params):
 
         return jax.lax.scan(env_step, state, None, config.num_steps, unroll=config.rollout_unroll)
 
+    def cut_values(params, value_stats, critic_carry, info, world, terminated, cut):
+        """``[env, agent]``: where ``cut``, the critic's value of the state a step reached before any auto-reset
+        (read with the critic's memory after the step, no reset); 0 elsewhere.
+
+        Episodes are cut in few steps (one in 25 for MPE's time limit), so the critic runs only in those
+        (``lax.cond``; under a vmap over seeds it runs in every step, as a batched pass after the rollout would).
+        """
+        if critic_free:
+            return jnp.zeros(cut.shape)
+
+        def values():
+            final_world = info["final_world_state"] if config.centralized_critic else world  # IPPO: unused
+            final_c_in = critic_in_of(info["final_observation"], final_world, ~terminated)
+            if gru:
+                _, raw = branch_step(params, "critic", critic_carry, final_c_in, jnp.zeros(cut.shape, bool))
+            else:
+                raw = critic_ff(params, final_c_in)
+            return jnp.where(cut, to_values(value_stats, raw), 0.0)
+
+        return jax.lax.cond(cut.any(), values, lambda: jnp.zeros(cut.shape))
+
+    def last_values(state: TrainState):
+        """The critic's values ``[env, agent]`` of the states a rollout stopped in (``state`` after ``collect``)."""
+        world, alive = env_world(state.env_state), env_alive(state.env_state)
+        if gru:
+            return value_recurrent(state.policy, state.critic_carry, state.obs, world, state.reset, alive)[1]
+        return value(state.policy, state.obs, world, alive)
+
     def advantages_and_targets(state: TrainState, traj: Transition):
-        """Advantages and value targets (return units), ``[T, env, agent]``."""
+        """Advantages and value targets (return units), ``[T, env, agent]``, from the rollout ``traj`` and the
+        state ``collect`` left (whose states the last step reached)."""
         if critic_free:
             returns = discounted_returns(traj.reward, traj.done, config.gamma)
             return group_relative_advantages(returns, traj.alive, config.group_size), returns
-        params = unravel(state.params)
-        if gru:
-            # final_critic_in[t] continues the episode of critic_in[t]: read it with the
-            # critic's memory after step t and no reset (see ppo_rnn.py).
-            _, raw = branch_step(params, "critic", traj.critic_hidden, traj.final_critic_in,
-                                 jnp.zeros(traj.done.shape, bool))
-        else:
-            raw = critic_ff(params, traj.final_critic_in)
-        next_values = to_values(state.value_stats, raw)
+        # The state step t reached: step t + 1's, unless the episode was cut there (bootstrap_value) or ended.
+        following = jnp.concatenate([traj.value[1:], last_values(state)[None]])
+        cut = (traj.done > 0) & (traj.terminated == 0)
+        next_values = jnp.where(cut, traj.bootstrap_value, following)
         return gae(traj.reward, traj.value, next_values, traj.terminated, traj.done, config.gamma, config.gae_lambda)
 
     def minibatch_loss(flat_params, minibatch: Batch, start_carry, value_stats: RunningStats):
         params = unravel(flat_params)
+        minibatch, start_carry = as_agent_rows(minibatch, start_carry)
         if gru:
-            resets = agent_resets(minibatch.reset, minibatch.actor_in)
-            logits, _ = branch_unroll(params, "actor", start_carry[0], minibatch.actor_in, resets)
+            logits = branch_unroll(params, "actor", start_carry[0], minibatch.actor_in, minibatch.reset)
         else:
             logits = actor_ff(params, minibatch.actor_in)
         dist = masked_policy(logits, minibatch.mask)
         value_terms = {}
         if not critic_free:
             if gru:
-                raw, _ = branch_unroll(params, "critic", start_carry[1], minibatch.critic_in, resets)
+                raw = branch_unroll(params, "critic", start_carry[1], minibatch.critic_in, minibatch.reset)
             else:
                 raw = critic_ff(params, minibatch.critic_in)
             norm = value_stats.normalize if config.normalize_values else (lambda x: x)
             value_terms = dict(value=raw[..., 0], old_value=minibatch.value, targets=norm(minibatch.target))
         return ppo_loss_terms(config, dist.log_prob(minibatch.action), minibatch.log_prob, dist.entropy(),
                               minibatch.advantage, minibatch.weight.astype(jnp.float32), **value_terms)
+
+    def as_agent_rows(minibatch: Batch, start_carry):
+        """A minibatch with one row per (env, agent): ``[T, env * agent, ...]`` recurrent (``reset`` per agent,
+        carries ``[env * agent, H]``), ``[sample * agent, ...]`` feed-forward. The loss is a mean over entries,
+        so only the speed changes (see ``as_rows``)."""
+        minibatch = minibatch._replace(reset=agent_resets(minibatch.reset, minibatch.actor_in))
+        time_axes = 1 if gru else 0
+        merge = lambda x: x.reshape(x.shape[:time_axes] + (-1,) + x.shape[time_axes + 2:])  # noqa: E731
+        if gru:
+            start_carry = jax.tree.map(lambda c: c.reshape((-1, c.shape[-1])), start_carry)
+        return jax.tree.map(merge, minibatch), start_carry
 
     grad_fn = jax.value_and_grad(minibatch_loss, has_aux=True)
 
