@@ -5,6 +5,7 @@ Usage::
     .venv/bin/python scripts/bench_marl.py [--envs 16,128,1024] [--quick]
                                            [--jaxmarl-repo PATH] [--skip-jaxmarl-mappo]
     .venv/bin/python scripts/bench_marl.py --breakdown 1024 [--unroll 1,8]   # where one update's time goes
+    .venv/bin/python scripts/bench_marl.py --phases 1024   # rollout vs one learning epoch, rlx and JaxMARL
 
 For each number of parallel environments E (16, 128, 1024), in ONE process on the same machine:
 
@@ -83,7 +84,7 @@ def raw_stepping(num_envs: int, repeats: int) -> tuple[float, float, int]:
     return compile_s, run_s, num_envs * NUM_STEPS
 
 
-def rlx_mappo(num_envs: int, updates: int, repeats: int, recurrent: bool) -> tuple[float, float, int, int]:
+def rlx_mappo(num_envs: int, updates: int, repeats: int, recurrent: bool, epochs: int = 4) -> tuple[float, float, int, int]:
     """rlx MAPPO: (compile s, run s for ``updates`` updates, joint steps, parameters of actor and critic).
 
     ``recurrent``: JaxMARL's baseline network (Dense 128 + ReLU, GRU 128, Dense 128 + ReLU, output layer, in
@@ -96,7 +97,7 @@ def rlx_mappo(num_envs: int, updates: int, repeats: int, recurrent: bool) -> tup
     env, params = registry.make("mpe_spread")
     shape = (dict(recurrent=True, gru_size=128, hidden_sizes=(128,), post_gru_sizes=(128,), activation="relu",
                   input_norm=False, normalize_values=False) if recurrent else {})
-    config = mappo.Config(lr=2e-3, num_envs=num_envs, num_steps=NUM_STEPS, num_epochs=4, num_minibatches=4,
+    config = mappo.Config(lr=2e-3, num_envs=num_envs, num_steps=NUM_STEPS, num_epochs=epochs, num_minibatches=4,
                           total_timesteps=num_envs * NUM_STEPS * updates, **shape)
     mappo.validate(config)
     agent = mappo.make(config, env, params)
@@ -127,7 +128,8 @@ def disable_wandb() -> None:
     wandb.init(mode="disabled")
 
 
-def jaxmarl_mappo(repo: Path, num_envs: int, updates: int, repeats: int) -> tuple[float, float, int, int | None]:
+def jaxmarl_mappo(repo: Path, num_envs: int, updates: int, repeats: int,
+                  epochs: int = 4) -> tuple[float, float, int, int | None]:
     """JaxMARL's own MAPPO baseline, at the same sizes: (compile s, run s, joint steps, parameters or None).
 
     Its timed ``train`` includes its initialisation, env reset and one io_callback per update."""
@@ -140,7 +142,8 @@ def jaxmarl_mappo(repo: Path, num_envs: int, updates: int, repeats: int) -> tupl
     spec.loader.exec_module(module)
     # OmegaConf, as the baseline's own Hydra entry point: it reads 2e-3 and 1e7 as numbers, plain YAML as strings
     config = OmegaConf.to_container(OmegaConf.load(repo / "baselines" / "MAPPO" / "config" / "mappo_homogenous_rnn_mpe.yaml"))
-    config.update(NUM_ENVS=num_envs, NUM_STEPS=NUM_STEPS, TOTAL_TIMESTEPS=num_envs * NUM_STEPS * updates)
+    config.update(NUM_ENVS=num_envs, NUM_STEPS=NUM_STEPS, TOTAL_TIMESTEPS=num_envs * NUM_STEPS * updates,
+                  UPDATE_EPOCHS=epochs)
     train = module.make_train(config)
     compile_s, run_s, output = timed(train, jax.random.PRNGKey(0), repeats=repeats)
     try:  # {"runner_state": ((train_states, env_state, ...), update_steps)}; train_states: (actor, critic)
@@ -194,6 +197,18 @@ def breakdown(num_envs: int, repeats: int, unrolls: list[int]) -> list[str]:
     return [f"| {label} | {rate(steps, seconds)} |" for label, seconds in parts]
 
 
+def phases(repo: Path, num_envs: int, updates: int, repeats: int) -> list[str]:
+    """Both recurrent MAPPOs split into the rest of an update (rollout, GAE, initialisation) and one learning
+    epoch, from their times with 1 and with 4 epochs: markdown rows of seconds per update."""
+    rows = []
+    for name, run in [("rlx", lambda e: rlx_mappo(num_envs, updates, repeats, recurrent=True, epochs=e)),
+                      ("JaxMARL", lambda e: jaxmarl_mappo(repo, num_envs, updates, repeats, epochs=e))]:
+        one, four = (run(epochs)[1] / updates for epochs in (1, 4))
+        epoch = (four - one) / 3
+        rows.append(f"| {name} | {one - epoch:.3f} | {epoch:.3f} | {four:.3f} |")
+    return rows
+
+
 def rate(steps: int, seconds: float) -> str:
     return f"{steps / seconds:,.0f}"
 
@@ -223,7 +238,15 @@ def main(argv=None) -> None:
                         help="only time the parts of a feed-forward MAPPO update at ENVS parallel envs")
     parser.add_argument("--unroll", default="1",
                         help="with --breakdown: comma-separated rollout steps per loop iteration to time, e.g. 1,8")
+    parser.add_argument("--phases", type=int, default=None, metavar="ENVS",
+                        help="only time both recurrent MAPPOs at ENVS envs with 1 and 4 epochs: rollout vs learning")
     args = parser.parse_args(argv)
+    if args.phases:
+        updates = dict(zip([int(e) for e in args.envs.split(",")], [int(u) for u in args.updates.split(",")]))
+        print(f"| {args.phases} envs, seconds per update | rollout, GAE, set-up | one learning epoch | update with 4 epochs |"
+              "\n|---|---:|---:|---:|")
+        print("\n".join(phases(args.jaxmarl_repo, args.phases, updates.get(args.phases, 1), args.repeats)))
+        return
     if args.breakdown:
         print(f"| {args.breakdown} envs x {NUM_STEPS} steps, MAPPO 64x64 | env steps/s |\n|---|---:|")
         print("\n".join(breakdown(args.breakdown, args.repeats, [int(u) for u in args.unroll.split(',')])))

@@ -682,8 +682,8 @@ def make(config: Config, env, env_params):
     def project_in_scan(xs) -> bool:
         """Whether to apply the GRU's input projection inside the replay scan, a step at a time, rather than to
         the whole sequence before it. On a CPU, a projected sequence beyond a few MB (3 x gru_size floats per
-        row and as much gradient: 150 MB per branch at 1024 envs) leaves the cache and costs 1.2x per learning
-        step; below that, one large product beats 128 small ones (1.4x at 16 envs)."""
+        row and as much gradient: 150 MB per branch at 1024 envs) leaves the cache and costs 1.2x per update
+        (1024 envs; 1.06x at 128); below that, one large product beats 128 small ones (1.33x at 16 envs)."""
         rows = int(np.prod(xs.shape[:-1]))
         return jax.default_backend() == "cpu" and rows * 3 * config.gru_size * 4 > PROJECTION_IN_SCAN_BYTES
 
