@@ -189,7 +189,7 @@ def test_cli_trains_ppo_on_brax(run_cli, tmp_path):
 @pytest.mark.parametrize("preset, threshold", [pytest.param("ppo_brax", 900.0, marks=needs_brax),
                                                ("ppo_minatar", 30.0)])
 def test_slow_suite_presets_reach_their_thresholds(run_cli, tmp_path, preset, threshold):
-    done = run_cli(f"+exp={preset}", "logger=none", timeout=3600)
+    done = run_cli(f"+exp={preset}", "logger=none", timeout=3600, full_opt=True)  # compiled as a user runs it
     assert done.returncode == 0, done.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["final_eval"]["return_mean"] >= threshold, summary["final_eval"]
