@@ -704,10 +704,7 @@ def make(config: Config, env, env_params):
     def value(policy: Policy, obs, world_state, alive=None):
         """The critic's estimates ``[..., n]`` (zeros without a critic)."""
         alive = jnp.ones(obs.shape[:-1], bool) if alive is None else alive
-        if critic_free:
-            return jnp.zeros(obs.shape[:-1])
-        raw = critic_ff(unravel(policy.params), critic_in_of(obs, world_state, alive))
-        return to_values(policy.value_stats, raw)
+        return read_critic(unravel(policy.params), policy.value_stats, None, critic_in_of(obs, world_state, alive))[1]
 
     def act_recurrent(policy: Policy, carry, obs, reset, key, greedy: bool = False, mask=None):
         """Read ``obs [..., n, d]`` (zeroing the carry where ``reset``, per env or per agent); ``(carry, actions)``."""
@@ -718,11 +715,19 @@ def make(config: Config, env, env_params):
 
     def value_recurrent(policy: Policy, carry, obs, world_state, reset, alive=None):
         alive = jnp.ones(obs.shape[:-1], bool) if alive is None else alive
-        if critic_free:
-            return carry, jnp.zeros(obs.shape[:-1])
         x = critic_in_of(obs, world_state, alive)
-        carry, raw = branch_step(unravel(policy.params), "critic", carry, x, agent_resets(reset, x))
-        return carry, to_values(policy.value_stats, raw)
+        return read_critic(unravel(policy.params), policy.value_stats, carry, x, agent_resets(reset, x))
+
+    def read_critic(params, value_stats, carry, c_in, resets=None):
+        """``(carry, values [..., n])``: the critic's values (return units) of the inputs ``c_in [..., n, d]``;
+        recurrent, read from ``carry`` (zeroed where ``resets``) and the carry after; zeros without a critic."""
+        if critic_free:
+            return carry, jnp.zeros(c_in.shape[:-1])
+        if gru:
+            carry, raw = branch_step(params, "critic", carry, c_in, resets)
+        else:
+            raw = critic_ff(params, c_in)
+        return carry, to_values(value_stats, raw)
 
     def init_carry(batch_size: int | None = None):
         shape = (n, config.gru_size) if batch_size is None else (batch_size, n, config.gru_size)
@@ -765,13 +770,7 @@ def make(config: Config, env, env_params):
                 actor_carry, logits = branch_step(params, "actor", actor_carry, a_in, resets)
             else:
                 logits = actor_ff(params, a_in)
-            if critic_free:
-                val = jnp.zeros((config.num_envs, n))
-            elif gru:
-                critic_carry, raw = branch_step(params, "critic", critic_carry, c_in, resets)
-                val = to_values(state.value_stats, raw)
-            else:
-                val = to_values(state.value_stats, critic_ff(params, c_in))
+            critic_carry, val = read_critic(params, state.value_stats, critic_carry, c_in, resets)
             dist = masked_policy(logits, mask)
             action = dist.sample(seed=act_key)
             log_prob = dist.log_prob(action)
@@ -821,20 +820,16 @@ def make(config: Config, env, env_params):
         def values():
             final_world = info["final_world_state"] if config.centralized_critic else world  # IPPO: unused
             final_c_in = critic_in_of(info["final_observation"], final_world, ~terminated)
-            if gru:
-                _, raw = branch_step(params, "critic", critic_carry, final_c_in, jnp.zeros(cut.shape, bool))
-            else:
-                raw = critic_ff(params, final_c_in)
-            return jnp.where(cut, to_values(value_stats, raw), 0.0)
+            _, reached = read_critic(params, value_stats, critic_carry, final_c_in, jnp.zeros(cut.shape, bool))
+            return jnp.where(cut, reached, 0.0)
 
         return jax.lax.cond(cut.any(), values, lambda: jnp.zeros(cut.shape))
 
     def last_values(state: TrainState):
         """The critic's values ``[env, agent]`` of the states a rollout stopped in (``state`` after ``collect``)."""
-        world, alive = env_world(state.env_state), env_alive(state.env_state)
-        if gru:
-            return value_recurrent(state.policy, state.critic_carry, state.obs, world, state.reset, alive)[1]
-        return value(state.policy, state.obs, world, alive)
+        c_in = critic_in_of(state.obs, env_world(state.env_state), env_alive(state.env_state))
+        return read_critic(unravel(state.params), state.value_stats, state.critic_carry, c_in,
+                           agent_resets(state.reset, c_in))[1]
 
     def advantages_and_targets(state: TrainState, traj: Transition):
         """Advantages and value targets (return units), ``[T, env, agent]``, from the rollout ``traj`` and the
