@@ -241,18 +241,18 @@ def main(argv=None) -> None:
     parser.add_argument("--phases", type=int, default=None, metavar="ENVS",
                         help="only time both recurrent MAPPOs at ENVS envs with 1 and 4 epochs: rollout vs learning")
     args = parser.parse_args(argv)
+    envs = [int(e) for e in args.envs.split(",")]
+    updates = [int(u) for u in args.updates.split(",")]
     if args.phases:
-        updates = dict(zip([int(e) for e in args.envs.split(",")], [int(u) for u in args.updates.split(",")]))
+        timed_updates = dict(zip(envs, updates)).get(args.phases, 1)
         print(f"| {args.phases} envs, seconds per update | rollout, GAE, set-up | one learning epoch | update with 4 epochs |"
               "\n|---|---:|---:|---:|")
-        print("\n".join(phases(args.jaxmarl_repo, args.phases, updates.get(args.phases, 1), args.repeats)))
+        print("\n".join(phases(args.jaxmarl_repo, args.phases, timed_updates, args.repeats)))
         return
     if args.breakdown:
         print(f"| {args.breakdown} envs x {NUM_STEPS} steps, MAPPO 64x64 | env steps/s |\n|---|---:|")
         print("\n".join(breakdown(args.breakdown, args.repeats, [int(u) for u in args.unroll.split(',')])))
         return
-    envs = [int(e) for e in args.envs.split(",")]
-    updates = [int(u) for u in args.updates.split(",")]
     if args.quick:
         envs, updates, args.repeats = envs[:2], [1] * 2, 1
     if args.skip_jaxmarl_mappo:

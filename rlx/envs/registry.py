@@ -94,9 +94,9 @@ def make(name: str, options: dict | None = None, **param_overrides):
     module_name, class_name, *kwargs = ENVIRONMENTS[name]
     module = import_env_module(module_name)
     constructor = getattr(module, class_name)
-    arguments = {**(kwargs[0] if kwargs else {}), **(options or {})}
+    fixed = kwargs[0] if kwargs else {}
+    arguments = {**fixed, **(options or {})}
     if options:
-        fixed = kwargs[0] if kwargs else {}
         accepted = [p for p in keyword_names(constructor) if p not in fixed]
         if has_var_keyword(constructor):  # what it forwards to the wrapped library's constructor
             forwarded = getattr(module, "forwarded_options", lambda **_: [])(**fixed)

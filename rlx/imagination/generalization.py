@@ -233,9 +233,9 @@ def kept_results(saved: Path, settings: dict) -> dict:
     if not saved.exists():
         return {}
     previous = json.loads(saved.read_text())
-    same = {k: v for k, v in previous["settings"].items() if k not in ("minutes", "measured")} == \
-        {k: v for k, v in settings.items() if k not in ("minutes", "measured")}
-    return previous["results"] if same else {}
+    # what the rows depend on: not how long the run took, nor on which day
+    comparable = lambda s: {k: v for k, v in s.items() if k not in ("minutes", "measured")}  # noqa: E731
+    return previous["results"] if comparable(previous["settings"]) == comparable(settings) else {}
 
 
 def check_level_counts(tasks) -> tuple[int, ...]:

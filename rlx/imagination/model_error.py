@@ -144,6 +144,7 @@ def measure(quick: bool) -> dict:
     from rlx.agents import dreamer
     from rlx.envs import registry
     from rlx.imagination import generalization
+
     grad_steps, real_steps, seeds = (20, 2048, 2) if quick else (GRAD_STEPS, REAL_STEPS, SEEDS)
     rows = {}
     cartpole, cartpole_params = registry.make("CartPole-v1")

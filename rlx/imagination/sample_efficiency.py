@@ -122,9 +122,9 @@ def evaluation_interval(steps: list) -> int:
     return int(steps[0])
 
 
-def markdown(results: dict, seeds: int, quick: bool, measured: str | None = None) -> str:
+def markdown(results: dict, seeds: int, quick: bool, measured: str) -> str:
     fmt = lambda v: "never" if v is None or not np.isfinite(v) else f"{v / 1000:.1f}k"  # noqa: E731
-    lines = [f"Measured {measured or today()} on this machine's CPU"
+    lines = [f"Measured {measured} on this machine's CPU"
              f"{' (--quick: tiny budgets, the numbers mean nothing)' if quick else ''}: real env steps until the "
              f"greedy evaluation return ({EVAL_EPISODES} episodes per seed, every {EVAL_EVERY} steps rounded up to "
              "whole updates: 'evaluated every' per preset) reaches the target, "
