@@ -174,7 +174,7 @@ def test_reproduce_refines_a_copy_of_the_map_policy_run_once_and_keeps_both(run_
     assert json.loads((target / "dagger.json").read_text())["rounds"] == [[count, options] for count, options in longer]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("refined.")]
 
-    study.refine_copy(source, target, ((1, dict(rollout_maps=2, updates=1)),))
+    study.refine_copy(source, target, ((1, dict(rollout_maps=2, updates=1, attempts=2)),))  # self-imitation
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("refined.")]
     assert len(aside) == 1 and (aside[0] / "dagger.json").exists()  # the earlier refinement is kept, moved aside
     assert load_raw(target)[1]["updates_done"] == progress["updates_done"] + 1
@@ -385,6 +385,24 @@ def test_endgame_rounds_keep_only_the_stuck_agents_and_their_neighbours():
     np.testing.assert_array_equal(kept, [[[-1, -1, -1, -1], [4, 0, -1, -1]]])
     everything = dagger.endgame_only(labels, positions, goals, present, most_off=3, reach=3)
     np.testing.assert_array_equal(everything, [[[4, 3, 3, -1], [4, 0, 0, -1]]])
+
+
+def test_self_imitation_picks_each_maps_fastest_solved_attempt_or_its_first():
+    """Two maps, three attempts each, one agent (goal at (0, 2)) and an unused slot. Map 0: attempt 0 fails,
+    attempt 1 arrives at step 2, attempt 2 at step 1 (the pick). Map 1: no attempt is solved, so its first
+    one goes to the teacher. An attempt flagged unsolved is never picked, even if its agents stand on goal."""
+    goal = np.array([[0, 2], [5, 5]])
+    at = lambda *cells: np.array([[list(cell), [0, 0]] for cell in cells])  # noqa: E731
+    positions = np.stack([at((0, 0), (0, 1), (0, 1)), at((0, 0), (0, 1), (0, 2)), at((0, 1), (0, 2), (0, 2)),
+                          at((0, 0), (0, 0), (0, 0)), at((0, 2), (0, 2), (0, 2)), at((0, 1), (0, 1), (0, 1))])
+    solved = np.array([False, True, True, False, False, False])
+    goals = np.repeat(goal[None], 6, 0)
+    present = np.array([[True, False]] * 6)
+    chosen, own = dagger.best_attempts(solved, positions, goals, present, attempts=3)
+    np.testing.assert_array_equal(chosen, [2, 3])
+    np.testing.assert_array_equal(own, [True, False])
+    with pytest.raises(ValueError, match="attempts"):
+        dagger.refine("unused", attempts=0)
 
 
 def test_endgames_rest_every_agent_on_its_goal_but_pairs_placed_on_each_others_goals():

@@ -220,6 +220,21 @@ def endgame_only(labels: np.ndarray, positions: np.ndarray, goals: np.ndarray, p
     return np.where(near_off & (count >= 1) & (count <= most_off), labels, -1).astype(labels.dtype)
 
 
+def best_attempts(solved: np.ndarray, positions: np.ndarray, goals: np.ndarray, present: np.ndarray,
+                  attempts: int) -> tuple[np.ndarray, np.ndarray]:
+    """Self-imitation's pick among ``attempts`` consecutive rollouts of each map: ``(chosen [maps], own
+    [maps])``, the index of the map's fastest solved attempt (``own`` True), or of its first attempt when none
+    solved it (``own`` False: the teacher labels that one). ``solved [M]``, ``positions [M, T, n, 2]``,
+    ``goals [M, n, 2]``, ``present [M, n]``, M = maps x ``attempts``; an attempt's length is the first step at
+    which every used agent stands on its goal."""
+    done = np.all(np.all(positions == goals[:, None], -1) | ~present[:, None], -1)  # [M, T]
+    length = np.where(done.any(1) & solved, done.argmax(1), np.iinfo(np.int32).max).reshape(-1, attempts)
+    fastest = length.argmin(1)
+    own = solved.reshape(-1, attempts).any(1)
+    chosen = np.arange(len(own)) * attempts + np.where(own, fastest, 0)
+    return chosen, own
+
+
 def aggregate(pool: MapfParams, instances, behaviour: np.ndarray, labels: np.ndarray,
               committed: np.ndarray | None = None) -> MapfParams:
     """``pool`` with the learner's episodes appended: entries that copy pool entries ``instances`` and
@@ -256,7 +271,7 @@ def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int =
            samples_per_episode: int | None = None, seed: int = 0, log: Callable = print, labeller: str = "teacher",
            lacam_steps: int = 16, node_limit: int = 2000, rollout_rounds: int = 4, rollout_agents: int | None = None,
            endgame_repeat: int = 0, augment: bool | None = None, endgame_maps: int = 0,
-           endgame_agents: int = 64, commitments: float = 0.0) -> None:
+           endgame_agents: int = 64, commitments: float = 0.0, attempts: int = 1) -> None:
     """DAgger on a finished map-policy run (``+exp=mapf_map_policy``, seed 0): ``iterations`` rounds of
     (roll the policy out on ``rollout_maps`` training instances, label each state by PIBT, add the episodes to
     the pool, ``updates`` more imitation updates from the current parameters), then a new checkpoint in
@@ -285,7 +300,17 @@ def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int =
     moves, in the training input too, and the teacher plans the others around them. Behaviour cloning only
     ever shows the teacher's own moves as commitments; the learner's rounds commit its own, and this shows
     how the teacher would go on from them.
+    ``attempts``: self-imitation (expert iteration with DAgger's fallback). Each picked map is rolled out this
+    many times; a map that some attempt solved enters the pool once, as its fastest solved attempt labelled
+    by the learner's own moves, and a map that none solved enters as its first attempt labelled by the
+    teacher (``best_attempts``). The pool then rewards the joint moves that actually finished an episode
+    under the learner's own decoding, where DAgger only asks for the teacher's.
     """
+    if attempts < 1:
+        raise ValueError(f"attempts={attempts!r}: must be at least 1")
+    if attempts > 1 and (commitments or endgame_repeat or labeller != "teacher"):
+        raise ValueError(f"attempts={attempts!r}: self-imitation takes neither commitments, endgame_repeat nor "
+                         "LaCAM labels")
     if labeller not in LABELLERS:
         raise ValueError(f"labeller={labeller!r}: valid: {', '.join(LABELLERS)}")
     if not 0.0 <= commitments <= 1.0:
@@ -342,8 +367,14 @@ def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int =
         key, pick_key, rollout_key, train_key = jax.random.split(key, 4)
         picks = candidates[np.asarray(jax.random.choice(pick_key, len(candidates),
                                                         (min(rollout_maps, len(candidates)),), replace=False))]
-        episodes = rollouts(env, base, lambda p, obs, k: decide(module.Policy(p), obs, k), rollout_key, picks,
-                            params)
+        episodes = rollouts(env, base, lambda p, obs, k: decide(module.Policy(p), obs, k), rollout_key,
+                            np.repeat(picks, attempts), params)
+        attempted = episodes["solved"].mean()
+        if attempts > 1:
+            repeated = np.repeat(picks, attempts)
+            chosen, own = best_attempts(episodes["solved"], episodes["positions"],
+                                        np.asarray(base.goals)[repeated, :, 0], present[repeated], attempts)
+            episodes = {name: values[chosen] for name, values in episodes.items()}
         if labeller == "lacam":
             labels = lacam_labels(base, picks, episodes["positions"], episodes["waiting"], lacam_steps, node_limit,
                                   seed=seed + iteration, move_noise=env.observation in NOISE_OBSERVATIONS)
@@ -354,6 +385,8 @@ def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int =
             labels, committed = answered_commitments(base, picks, episodes["positions"], episodes["waiting"],
                                                      committed, seed=seed + iteration,
                                                      **experts.STEPWISE_TEACHERS[teacher])
+            if attempts > 1:
+                labels = np.where(own[:, None, None], episodes["actions"], labels).astype(labels.dtype)
         pool = aggregate(pool, picks, episodes["actions"], labels, committed)
         failed = ~episodes["solved"]
         if endgame_repeat and failed.any():
@@ -367,7 +400,8 @@ def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int =
         state = agent.init(train_key).replace(params=params)
         state, metrics = jax.jit(lambda s: jax.lax.scan(lambda s, _: agent.update(s), s, None, updates))(state)
         params = state.params
-        log(f"[dagger] iteration {iteration}: {episodes['solved'].mean():.2f} of the rollouts solved; "
+        tried = f" ({episodes['solved'].mean():.2f} of the maps in {attempts} attempts)" if attempts > 1 else ""
+        log(f"[dagger] iteration {iteration}: {attempted:.2f} of the rollouts solved{tried}; "
             f"pool {pool.blocked.shape[0]}; loss {float(metrics['loss'][-16:].mean()):.3f}")
     state = run.state.replace(params=jax.tree.map(lambda old, new: old.at[0].set(new), run.state.params, params))
     step = int(run.progress.get("updates_done", 0)) + iterations * updates  # the newest checkpoint: loaded next
@@ -400,6 +434,8 @@ if __name__ == "__main__":
                         help="generated endgames (pairs to pass each other in corridors) added to the pool")
     parser.add_argument("--commitments", type=float, default=0.0,
                         help="share of visited steps labelled around the learner's earlier decoding rounds")
+    parser.add_argument("--attempts", type=int, default=1,
+                        help="self-imitation: rollouts per map; a solved map enters as its fastest solved attempt")
     args = parser.parse_args()
     from rlx.runner import compile_cache
 
@@ -409,4 +445,4 @@ if __name__ == "__main__":
            labeller=args.labeller, lacam_steps=args.lacam_steps, node_limit=args.node_limit,
            rollout_rounds=args.rollout_rounds, rollout_agents=args.rollout_agents,
            endgame_repeat=args.endgame_repeat, augment=args.augment, endgame_maps=args.endgame_maps,
-           commitments=args.commitments)
+           commitments=args.commitments, attempts=args.attempts)
