@@ -80,8 +80,10 @@ def save_table(name: str, table: str) -> Path:
 def random_rollout(env, params, batch: int, steps: int, sample_actions):
     """``rollout(key) -> scalar``: ``batch`` environments under ``vmap`` take ``steps`` random steps in one ``lax.scan``.
 
-    ``sample_actions(key)`` returns the batch's actions. The scalar sums the rewards and one
-    observation entry per environment, so the compiler cannot drop the observation work.
+    ``sample_actions(key)`` returns the batch's actions. The scalar is the ``checksum`` of every step's
+    outputs (observations, rewards, flags, info) and of the final states, so the compiler must compute
+    every observation element of every environment: a sum of a few entries would let it skip the rest
+    of the observation work, which is most of a grid environment's step.
     """
     import jax
 
@@ -92,10 +94,11 @@ def random_rollout(env, params, batch: int, steps: int, sample_actions):
         def step(carry, _):
             states, key = carry
             key, action_key, step_key = jax.random.split(key, 3)
-            obs, states, rewards, *_ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
+            outputs = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
                 jax.random.split(step_key, batch), states, sample_actions(action_key), params)
-            return (states, key), rewards.sum() + obs.reshape(batch, -1)[:, 0].sum()
+            return (outputs[1], key), checksum((outputs[0],) + tuple(outputs[2:]))
 
-        return jax.lax.scan(step, (states, key), None, steps)[1].sum()
+        (states, _), sums = jax.lax.scan(step, (states, key), None, steps)
+        return sums.sum() + checksum(states)
 
     return rollout

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from bench_common import checksum, median_run  # noqa: E402
+from bench_common import checksum, median_run, random_rollout  # noqa: E402
 
 
 def test_median_run_keeps_one_run_whole():
@@ -42,3 +42,22 @@ def test_checksum_reads_every_leaf():
     assert float(checksum(tree)) == pytest.approx(6 + 1 + 4 + key_sum + 1)
     # under jit the scalar depends on every leaf: a change in any of them changes it
     assert float(jax.jit(checksum)(dict(tree, done=jnp.array([True, True])))) == pytest.approx(7 + 1 + 4 + key_sum + 1)
+
+
+class _Counter:
+    """A toy environment whose observation is ``[state, 10 * state]``: the second entry is work a rollout
+    that read only each observation's first entry would let the compiler drop."""
+
+    def reset(self, key, params):
+        return jnp.zeros(2), jnp.zeros(())
+
+    def step(self, key, state, action, params):
+        state = state + action
+        return jnp.stack([state, 10.0 * state]), state, jnp.zeros(()), jnp.asarray(False), {"extra": 2.0 * state}
+
+
+def test_random_rollout_sums_every_observation_entry_reward_flag_info_and_the_final_state():
+    # 2 envs, 3 steps, action 1 each step: states 1, 2, 3. Per env and step: obs s + 10 s, info 2 s (the
+    # reward and the done flag are 0), so 13 * (1 + 2 + 3) per env; the final states add 3 each.
+    rollout = random_rollout(_Counter(), None, batch=2, steps=3, sample_actions=lambda key: jnp.ones(2))
+    assert float(jax.jit(rollout)(jax.random.PRNGKey(0))) == pytest.approx(2 * (13 * 6 + 3))
