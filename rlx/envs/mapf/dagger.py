@@ -367,11 +367,11 @@ def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int =
         key, pick_key, rollout_key, train_key = jax.random.split(key, 4)
         picks = candidates[np.asarray(jax.random.choice(pick_key, len(candidates),
                                                         (min(rollout_maps, len(candidates)),), replace=False))]
+        repeated = np.repeat(picks, attempts)
         episodes = rollouts(env, base, lambda p, obs, k: decide(module.Policy(p), obs, k), rollout_key,
-                            np.repeat(picks, attempts), params)
+                            repeated, params)
         attempted = episodes["solved"].mean()
         if attempts > 1:
-            repeated = np.repeat(picks, attempts)
             chosen, own = best_attempts(episodes["solved"], episodes["positions"],
                                         np.asarray(base.goals)[repeated, :, 0], present[repeated], attempts)
             episodes = {name: values[chosen] for name, values in episodes.items()}
@@ -379,14 +379,17 @@ def refine(run_dir, iterations: int = 3, updates: int = 256, rollout_maps: int =
             labels = lacam_labels(base, picks, episodes["positions"], episodes["waiting"], lacam_steps, node_limit,
                                   seed=seed + iteration, move_noise=env.observation in NOISE_OBSERVATIONS)
             committed = None
+        elif attempts > 1:  # solved maps keep the learner's own moves: the teacher labels only the others
+            committed, asked = None, ~own
+            labels = np.asarray(episodes["actions"], np.int8).copy()
+            labels[asked] = pibt_labels(base, picks[asked], episodes["positions"][asked], episodes["waiting"][asked],
+                                        seed=seed + iteration, **experts.STEPWISE_TEACHERS[teacher])
         else:
             committed = earlier_commitments(episodes["actions"], episodes["decided"], rollout_rounds, commitments,
                                             rng) if commitments else None
             labels, committed = answered_commitments(base, picks, episodes["positions"], episodes["waiting"],
                                                      committed, seed=seed + iteration,
                                                      **experts.STEPWISE_TEACHERS[teacher])
-            if attempts > 1:
-                labels = np.where(own[:, None, None], episodes["actions"], labels).astype(labels.dtype)
         pool = aggregate(pool, picks, episodes["actions"], labels, committed)
         failed = ~episodes["solved"]
         if endgame_repeat and failed.any():
