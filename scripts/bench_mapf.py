@@ -11,8 +11,10 @@ In ONE invocation on the same machine:
   actions inside one jitted ``lax.scan`` (observations computed every step, auto-reset included);
   compiled first, then timed (median of 3).
 * **POGEMA 1.4**: ``pogema_v0`` with the same settings (one Python environment; POGEMA has no
-  batching, so B environments cost B times one), in its own virtualenv (``make pogema``) through
-  scripts/pogema_driver.py.
+  batching, so B environments cost B times one), median of 3 episodes, in its own virtualenv
+  (``make pogema``) through scripts/pogema_driver.py.
+
+Both compute every agent's 11x11x3 window every step: rlx's as 0/1 ``uint8``, POGEMA's as ``float32``.
 
 Configurations: 32x32 with 64 agents and 64x64 with 256 agents. Prints a markdown table with
 agent-steps/s and the ratio rlx / POGEMA, and writes it to ``.bench/bench_mapf.md``.
@@ -97,8 +99,8 @@ def main() -> None:
                          if theirs else f"| {side}x{side} | {agents} | — | {batch} | {compile_s:.1f} | {ours:,.0f} | — |")
     lines += ["", f"Random actions, soft collisions, `nothing` mode, observation radius 5 (11x11x3 windows "
               f"computed every step), density 0.3, {steps} steps. rlx: B environments under vmap in one jitted "
-              "lax.scan, median of 3 timed runs after compiling; POGEMA 1.4.0: one environment stepped in "
-              "Python (it does not batch), its observations included."]
+              "lax.scan, median of 3 timed runs after compiling, uint8 windows; POGEMA 1.4.0: one environment "
+              "stepped in Python (it does not batch), median of 3 episodes, its float32 observations included."]
     table = "\n".join(lines)
     print(table)
     save_table("bench_mapf", table)

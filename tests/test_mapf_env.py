@@ -343,6 +343,39 @@ def test_cached_distance_fields_hold_unreachable_cells_on_large_maps():
     assert first_goal_distances(small).dtype == jnp.int16  # a quarter of int32's memory where it fits
 
 
+@pytest.mark.parametrize("observation", ["local", "local_path", "map"])
+def test_auto_reset_observes_the_returned_state_as_the_generic_select_does(observation):
+    """``step`` observes the state it returns once (``observations_of``); the contract's generic path observes
+    both the continued and the fresh episode and selects. Same keys, so same resets: outputs must agree at
+    every step, episode ends included (horizon 3, so several pass), and local windows stay 0/1 ``uint8``."""
+
+    class Selecting(MapfEnv):
+        def observations_of(self, state, params):
+            return None
+
+    pool = instances.random_pool(4, 5, seed=2, size=(7, 9), density=(0.1, 0.3), max_steps_in_episode=3)
+    ours, generic = (cls(5, 3, "soft", "nothing", pool, observation=observation) for cls in (MapfEnv, Selecting))
+    assert ours.observations_of(ours.reset(jax.random.PRNGKey(0))[1], pool) is not None
+
+    def rollout(env):
+        def step(state, key):
+            action_key, step_key = jax.random.split(key)
+            obs, state, rewards, terminated, truncated, info = env.step(
+                step_key, state, jax.random.randint(action_key, (5,), 0, 5), pool)
+            return state, (obs, info["final_observation"], info["episode_over"], state.instance)
+
+        first_obs, state = env.reset(jax.random.PRNGKey(0), pool)
+        return first_obs, jax.lax.scan(step, state, jax.random.split(jax.random.PRNGKey(1), 10))[1]
+
+    (first, (obs, final, over, instance)), (first_g, (obs_g, final_g, over_g, instance_g)) = map(rollout, (ours, generic))
+    assert int(over.sum()) >= 3 and len(set(np.asarray(instance).tolist())) > 1
+    for a, b in ((first, first_g), (obs, obs_g), (final, final_g), (over, over_g)):
+        np.testing.assert_array_equal(a, b)
+    if observation == "local":
+        assert obs.dtype == jnp.uint8 and set(np.unique(obs)) <= {0, 1}
+        assert ours.observation_space(pool).dtype == jnp.uint8
+
+
 def test_every_mapf_layout_builds_and_steps(tmp_path):
     map_file = tmp_path / "tiny.map"
     map_file.write_text("type octile\nheight 4\nwidth 5\nmap\n.....\n.@@..\n.....\n..T..\n")

@@ -15,6 +15,8 @@ and the spaces; ``step`` adds auto-reset exactly like gymnax 1.0:
 
 ``action_mask(state, params)`` (``bool[n, num_actions]``) lists the actions
 each agent may take; by default all of them.
+``observations_of(state, params)``, where an environment can give it, lets
+``step`` observe only the state it returns.
 """
 
 from __future__ import annotations
@@ -81,6 +83,16 @@ class MultiAgentEnv:
         """``bool[n]``: agents still acting (dead agents are masked out of losses)."""
         return jnp.ones(self.num_agents, bool)
 
+    def observations_of(self, state, params) -> jax.Array | None:
+        """The observations ``[n, ...]`` of ``state``, for environments that compute them from the state alone;
+        None (the default) where they cannot.
+
+        With them, ``step`` observes the state it returns (the continued or the fresh episode) once, instead
+        of observing both and selecting: under ``vmap`` a select computes and reads both sides, which for
+        large observations costs more than the step itself.
+        """
+        return None
+
     # -- the contract's calls ----------------------------------------------------------------------
     def reset(self, key, params=None):
         return self.reset_env(key, self.default_params if params is None else params)
@@ -92,10 +104,12 @@ class MultiAgentEnv:
         obs_step, state_step, rewards, terminated, info = self.step_env(step_key, state, actions, params)
         truncated = jnp.broadcast_to(self.is_truncated(state_step, params), (self.num_agents,))
         episode_over = jnp.logical_or(jnp.all(terminated), truncated[0])
-        obs_reset, state_reset = self.reset_env(reset_key, params)
+        obs_reset, state_reset = self.reset_env(reset_key, params)  # obs_reset is dropped when unused
         choose = lambda fresh, stepped: jax.lax.select(episode_over, fresh, stepped)  # noqa: E731
         state = jax.tree.map(choose, state_reset, state_step)
-        obs = choose(obs_reset, obs_step)
+        obs = self.observations_of(state, params)
+        if obs is None:
+            obs = choose(obs_reset, obs_step)
         info = {**info, "final_observation": obs_step, "final_world_state": self.world_state(state_step, params),
                 "episode_over": episode_over}
         return obs, state, rewards, terminated, truncated, info
