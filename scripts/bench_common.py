@@ -80,25 +80,34 @@ def save_table(name: str, table: str) -> Path:
 def random_rollout(env, params, batch: int, steps: int, sample_actions):
     """``rollout(key) -> scalar``: ``batch`` environments under ``vmap`` take ``steps`` random steps in one ``lax.scan``.
 
-    ``sample_actions(key)`` returns the batch's actions. The scalar is the ``checksum`` of every step's
-    outputs (observations, rewards, flags, info) and of the final states, so the compiler must compute
-    every observation element of every environment: a sum of a few entries would let it skip the rest
-    of the observation work, which is most of a grid environment's step.
+    ``sample_actions(key)`` returns the batch's actions, drawn inside the timed program. The scalar is the
+    ``checksum`` of every step's outputs (observations, rewards, flags, info) and of the final states, so
+    the compiler must compute every observation element of every environment: a sum of a few entries
+    would let it skip the rest of the observation work, which is most of a grid environment's step.
     """
+    return lambda key: _scanned_steps(env, params, batch, key, lambda action_key, _: sample_actions(action_key),
+                                      None, steps)
+
+
+def action_rollout(env, params, batch: int):
+    """``rollout(key, actions) -> scalar``: as ``random_rollout``, but the environments step through
+    ``actions`` (``[steps, batch, ...]``) drawn beforehand, for comparing with a peer that draws its random
+    actions before its timed loop: passed in, they are not drawn inside the timed program either."""
+    return lambda key, actions: _scanned_steps(env, params, batch, key, lambda _, given: given, actions, None)
+
+
+def _scanned_steps(env, params, batch, key, actions_of, xs, steps):
     import jax
 
-    def rollout(key):
-        reset_key, key = jax.random.split(key)
-        _, states = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(reset_key, batch), params)
+    reset_key, key = jax.random.split(key)
+    _, states = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(reset_key, batch), params)
 
-        def step(carry, _):
-            states, key = carry
-            key, action_key, step_key = jax.random.split(key, 3)
-            outputs = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
-                jax.random.split(step_key, batch), states, sample_actions(action_key), params)
-            return (outputs[1], key), checksum((outputs[0],) + tuple(outputs[2:]))
+    def step(carry, x):
+        states, key = carry
+        key, action_key, step_key = jax.random.split(key, 3)
+        outputs = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
+            jax.random.split(step_key, batch), states, actions_of(action_key, x), params)
+        return (outputs[1], key), checksum((outputs[0],) + tuple(outputs[2:]))
 
-        (states, _), sums = jax.lax.scan(step, (states, key), None, steps)
-        return sums.sum() + checksum(states)
-
-    return rollout
+    (states, _), sums = jax.lax.scan(step, (states, key), xs, length=steps)
+    return sums.sum() + checksum(states)

@@ -8,8 +8,9 @@ In ONE invocation on the same machine:
 
 * **rlx**: ``MapfEnv`` (soft collisions, ``nothing`` mode, observation radius 5) on a pool of 16
   random maps (density 0.3), ``B`` environments under ``vmap``, ``--steps`` steps of uniformly random
-  actions inside one jitted ``lax.scan`` (observations computed every step, auto-reset included);
-  compiled first, then timed (median of 3).
+  actions inside one jitted ``lax.scan`` (observations computed every step, auto-reset included, every
+  output read: ``bench_common.action_rollout``); compiled and run once, then timed (median of 3, each
+  the mean of enough calls to last 0.2 s). The actions are drawn before the timed runs, as POGEMA's are.
 * **POGEMA 1.4**: ``pogema_v0`` with the same settings (one Python environment; POGEMA has no
   batching, so B environments cost B times one), median of 3 episodes, in its own virtualenv
   (``make pogema``) through scripts/pogema_driver.py.
@@ -23,6 +24,7 @@ agent-steps/s and the ratio rlx / POGEMA, and writes it to ``.bench/bench_mapf.m
 from __future__ import annotations
 
 import argparse
+import math
 import datetime
 import os
 import platform
@@ -37,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 import jax  # noqa: E402
 
-from bench_common import random_rollout, save_table  # noqa: E402
+from bench_common import action_rollout, save_table  # noqa: E402
 from rlx.envs.mapf import instances  # noqa: E402
 from rlx.envs.mapf.env import MapfEnv  # noqa: E402
 
@@ -51,17 +53,22 @@ def rlx_speed(side: int, agents: int, batch: int, steps: int) -> tuple[float, fl
                                  max_steps_in_episode=steps + 1)
     env = MapfEnv(agents, 5, "soft", "nothing", pool)
 
-    rollout = random_rollout(env, pool, batch, steps,
-                             lambda key: jax.random.randint(key, (batch, agents), 0, 5))
+    rollout = jax.jit(action_rollout(env, pool, batch))
+    # drawn before the timed runs, as POGEMA's driver draws its actions before its timed loop
+    actions = jax.random.randint(jax.random.PRNGKey(1), (steps, batch, agents), 0, 5)
 
     start = time.perf_counter()
-    compiled = jax.jit(rollout).lower(jax.random.PRNGKey(0)).compile()
+    compiled = rollout.lower(jax.random.PRNGKey(0), actions).compile()
     compile_s = time.perf_counter() - start
+    start = time.perf_counter()
+    jax.block_until_ready(compiled(jax.random.PRNGKey(0), actions))
+    calls = max(1, math.ceil(0.2 / (time.perf_counter() - start)))  # small batches: several calls per timing
     runs = []
     for repeat in range(3):
         start = time.perf_counter()
-        jax.block_until_ready(compiled(jax.random.PRNGKey(repeat)))
-        runs.append(time.perf_counter() - start)
+        for call in range(calls):
+            jax.block_until_ready(compiled(jax.random.PRNGKey(repeat * calls + call), actions))
+        runs.append((time.perf_counter() - start) / calls)
     return compile_s, batch * agents * steps / statistics.median(runs)
 
 
@@ -99,7 +106,8 @@ def main() -> None:
                          if theirs else f"| {side}x{side} | {agents} | — | {batch} | {compile_s:.1f} | {ours:,.0f} | — |")
     lines += ["", f"Random actions, soft collisions, `nothing` mode, observation radius 5 (11x11x3 windows "
               f"computed every step), density 0.3, {steps} steps. rlx: B environments under vmap in one jitted "
-              "lax.scan, median of 3 timed runs after compiling, uint8 windows; POGEMA 1.4.0: one environment "
+              "lax.scan, median of 3 timings (each at least 0.2 s of calls) after compiling, uint8 windows; both draw their random actions before "
+              "timing; POGEMA 1.4.0: one environment "
               "stepped in Python (it does not batch), median of 3 episodes, its float32 observations included."]
     table = "\n".join(lines)
     print(table)

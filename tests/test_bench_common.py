@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from bench_common import checksum, median_run, random_rollout  # noqa: E402
+from bench_common import action_rollout, checksum, median_run, random_rollout  # noqa: E402
 
 
 def test_median_run_keeps_one_run_whole():
@@ -61,3 +61,10 @@ def test_random_rollout_sums_every_observation_entry_reward_flag_info_and_the_fi
     # reward and the done flag are 0), so 13 * (1 + 2 + 3) per env; the final states add 3 each.
     rollout = random_rollout(_Counter(), None, batch=2, steps=3, sample_actions=lambda key: jnp.ones(2))
     assert float(jax.jit(rollout)(jax.random.PRNGKey(0))) == pytest.approx(2 * (13 * 6 + 3))
+
+
+def test_action_rollout_steps_through_the_given_actions():
+    # 2 envs, 3 steps with actions 1, 2, 3 (the same for both): states 1, 3, 6; per env 13 * 10 + 6.
+    actions = jnp.repeat(jnp.arange(1.0, 4.0)[:, None], 2, axis=1)
+    rollout = action_rollout(_Counter(), None, batch=2)
+    assert float(jax.jit(rollout)(jax.random.PRNGKey(0), actions)) == pytest.approx(2 * (13 * 10 + 6))
