@@ -14,24 +14,30 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def timed(fn, *args, repeats: int = 3, warmup: int = 1):
+def timed(fn, *args, repeats: int = 3, warmup: int = 1, min_seconds: float = 0.0):
     """``(compile seconds, median run seconds, last output)`` of ``jax.jit(fn)(*args)``, compiled ahead of time.
 
     After compiling, ``warmup`` untimed runs (first-call allocations, page faults, thread start-up)
-    precede the ``repeats`` timed ones.
+    precede the ``repeats`` timed ones. With ``min_seconds``, each timing is the mean of as many calls as
+    last that long by the last warm-up run's duration (short programs: one call is too brief to time).
     """
     import jax
 
     start = time.perf_counter()
     compiled = jax.jit(fn).lower(*args).compile()
     compile_s = time.perf_counter() - start
+    warm_s = 0.0
     for _ in range(warmup):
+        start = time.perf_counter()
         jax.block_until_ready(compiled(*args))
+        warm_s = time.perf_counter() - start
+    calls = max(1, math.ceil(min_seconds / warm_s)) if min_seconds and warm_s else 1
     runs, output = [], None
     for _ in range(repeats):
         start = time.perf_counter()
-        output = jax.block_until_ready(compiled(*args))
-        runs.append(time.perf_counter() - start)
+        for _ in range(calls):
+            output = jax.block_until_ready(compiled(*args))
+        runs.append((time.perf_counter() - start) / calls)
     return compile_s, statistics.median(runs), output
 
 

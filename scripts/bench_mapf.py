@@ -24,14 +24,11 @@ agent-steps/s and the ratio rlx / POGEMA, and writes it to ``.bench/bench_mapf.m
 from __future__ import annotations
 
 import argparse
-import math
 import datetime
 import os
 import platform
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 import jax  # noqa: E402
 
-from bench_common import action_rollout, save_table  # noqa: E402
+from bench_common import action_rollout, save_table, timed  # noqa: E402
 from rlx.envs.mapf import instances  # noqa: E402
 from rlx.envs.mapf.env import MapfEnv  # noqa: E402
 
@@ -53,23 +50,11 @@ def rlx_speed(side: int, agents: int, batch: int, steps: int) -> tuple[float, fl
                                  max_steps_in_episode=steps + 1)
     env = MapfEnv(agents, 5, "soft", "nothing", pool)
 
-    rollout = jax.jit(action_rollout(env, pool, batch))
     # drawn before the timed runs, as POGEMA's driver draws its actions before its timed loop
     actions = jax.random.randint(jax.random.PRNGKey(1), (steps, batch, agents), 0, 5)
-
-    start = time.perf_counter()
-    compiled = rollout.lower(jax.random.PRNGKey(0), actions).compile()
-    compile_s = time.perf_counter() - start
-    start = time.perf_counter()
-    jax.block_until_ready(compiled(jax.random.PRNGKey(0), actions))
-    calls = max(1, math.ceil(0.2 / (time.perf_counter() - start)))  # small batches: several calls per timing
-    runs = []
-    for repeat in range(3):
-        start = time.perf_counter()
-        for call in range(calls):
-            jax.block_until_ready(compiled(jax.random.PRNGKey(repeat * calls + call), actions))
-        runs.append((time.perf_counter() - start) / calls)
-    return compile_s, batch * agents * steps / statistics.median(runs)
+    compile_s, seconds, _ = timed(action_rollout(env, pool, batch), jax.random.PRNGKey(0), actions,
+                                  min_seconds=0.2)  # small batches: several calls per timing
+    return compile_s, batch * agents * steps / seconds
 
 
 def pogema_speed(side: int, agents: int, steps: int) -> float | None:
@@ -106,9 +91,9 @@ def main() -> None:
                          if theirs else f"| {side}x{side} | {agents} | — | {batch} | {compile_s:.1f} | {ours:,.0f} | — |")
     lines += ["", f"Random actions, soft collisions, `nothing` mode, observation radius 5 (11x11x3 windows "
               f"computed every step), density 0.3, {steps} steps. rlx: B environments under vmap in one jitted "
-              "lax.scan, median of 3 timings (each at least 0.2 s of calls) after compiling, uint8 windows; both draw their random actions before "
-              "timing; POGEMA 1.4.0: one environment "
-              "stepped in Python (it does not batch), median of 3 episodes, its float32 observations included."]
+              "lax.scan, median of 3 timings (each at least 0.2 s of calls) after compiling, uint8 windows; "
+              "both draw their random actions before timing; POGEMA 1.4.0: one environment stepped in Python "
+              "(it does not batch), median of 3 episodes, its float32 observations included."]
     table = "\n".join(lines)
     print(table)
     save_table("bench_mapf", table)

@@ -369,7 +369,7 @@ def test_auto_reset_observes_the_returned_state_as_the_generic_select_does(obser
 
     (first, (obs, final, over, instance)), (first_g, (obs_g, final_g, over_g, instance_g)) = map(rollout, (ours, generic))
     assert int(over.sum()) >= 3 and len(set(np.asarray(instance).tolist())) > 1
-    for a, b in ((first, first_g), (obs, obs_g), (final, final_g), (over, over_g)):
+    for a, b in ((first, first_g), (obs, obs_g), (final, final_g), (over, over_g), (instance, instance_g)):
         np.testing.assert_array_equal(a, b)
     if observation == "local":
         assert obs.dtype == jnp.uint8 and set(np.unique(obs)) <= {0, 1}
