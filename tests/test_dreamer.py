@@ -330,6 +330,39 @@ def test_update_and_recurrent_act_run_under_jit():
     assert traj.actions.shape == traj.rewards.shape == traj.conts.shape == (config.horizon, n)
 
 
+def test_updates_before_the_buffer_holds_a_sequence_report_no_learner_figures():
+    """With ``seq_len`` = 3 x ``num_steps`` the first two updates discard the learner: their learner metrics
+    are NaN with ``learner_ready`` 0 (not a discarded learner's losses), the runner's NaN guard lets them
+    pass, and a NaN once the learner trains still stops the run."""
+    from rlx.runner.loop import first_non_finite
+
+    env = cartpole()
+    config = dreamer.Config(**{**SMALL, "seq_len": 24, "capacity_steps": 64})
+    agent = dreamer.make(config, env, env.default_params)
+
+    def update_keeping_states(state, _):
+        state, metrics = agent.update(state)
+        return state, (state, metrics)
+
+    states, metrics = jax.jit(lambda k: jax.lax.scan(update_keeping_states, agent.init(k), None, 4)[1])(
+        jax.random.PRNGKey(0))
+    metrics = jax.tree.map(np.array, metrics)  # writable copies
+    np.testing.assert_array_equal(metrics["learner_ready"], [0, 0, 1, 1])
+    for name in dreamer.LEARNER_METRICS:
+        assert np.isnan(metrics[name][:2]).all() and np.isfinite(metrics[name][2:]).all(), name
+    assert np.isfinite(metrics["train_return"]).all()
+    first = jax.tree.map(lambda leaf: leaf[0], states.learner.model)
+    second = jax.tree.map(lambda leaf: leaf[1], states.learner.model)
+    third = jax.tree.map(lambda leaf: leaf[2], states.learner.model)
+    assert all(jax.tree.leaves(jax.tree.map(np.array_equal, first, second)))  # nothing trained yet
+    assert not all(jax.tree.leaves(jax.tree.map(np.array_equal, second, third)))
+    assert first_non_finite(metrics, dreamer.METRICS_MAY_BE_NAN) is None
+    index, name = first_non_finite(metrics)
+    assert index == 0 and name in dreamer.LEARNER_METRICS
+    metrics["kl"][3] = np.nan
+    assert first_non_finite(metrics, dreamer.METRICS_MAY_BE_NAN) == (3, "kl")
+
+
 # --------------------------------------------------------------------------- validation
 
 

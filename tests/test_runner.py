@@ -4,6 +4,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from flax import struct
 
@@ -118,3 +119,18 @@ def test_progress_in_a_log_file_is_plain_full_lines_at_most_every_log_every_seco
     assert on_terminal.live and not view.live  # a terminal gets the bar that redraws in place
     on_terminal.close()
 
+
+
+def test_nan_guard_allows_a_flagged_metric_only_where_its_flag_says_undefined():
+    """``{name: flag}``: NaN passes only in the (update, run) cells whose flag is 0, seed by seed."""
+    from rlx.runner.loop import first_non_finite
+
+    ready = np.array([[[0, 0]], [[0, 1]], [[1, 1]]], dtype=np.float32)  # [update, grid point, seed]
+    loss = np.where(ready > 0, 1.0, np.nan)
+    metrics = {"ready": ready, "loss": loss.copy()}
+    assert first_non_finite(metrics, {"loss": "ready"}) is None
+    assert first_non_finite(metrics, ("loss",)) is None
+    assert first_non_finite(metrics) == (0, "loss")
+    metrics["loss"][1, 0, 1] = np.nan  # seed 1 is ready at update 1, seed 0 is not
+    assert first_non_finite(metrics, {"loss": "ready"}) == (1, "loss")
+    assert first_non_finite(metrics, ("loss",)) is None

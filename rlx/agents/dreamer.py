@@ -159,7 +159,11 @@ import numpy as np
 import optax
 from flax import struct
 
-METRICS_MAY_BE_NAN = ()
+# Until the buffer holds ``seq_len`` steps per env the learner's update is discarded, and its figures are
+# reported as NaN (undefined) with ``learner_ready`` 0; a training loop should not treat that as divergence.
+LEARNER_METRICS = ("model_loss", "recon_loss", "reward_loss", "cont_loss", "kl", "model_error_1step",
+                   "reward_error", "actor_loss", "critic_loss", "entropy", "return_scale", "imagined_return")
+METRICS_MAY_BE_NAN = dict.fromkeys(LEARNER_METRICS, "learner_ready")
 ACTOR_SOURCES = ("imagination", "replay")
 WORLD_MODELS = ("mlp", "conv")
 
@@ -1098,7 +1102,8 @@ def make(config: Config, env, env_params) -> Agent:
         learner, metrics = train_many(state.learner, buffer, train_key, grad_steps)
         ready = buffer.size >= config.seq_len
         learner = _select(ready, learner, state.learner)
-        metrics = jax.tree.map(jnp.mean, metrics)
+        metrics = jax.tree.map(lambda values: jnp.where(ready, values.mean(), jnp.nan), metrics)
+        metrics["learner_ready"] = ready.astype(jnp.float32)
         state = state.replace(learner=learner, buffer=buffer, key=key, update_step=state.update_step + 1,
                               env_steps=state.env_steps + config.real_steps_per_update)
         metrics["train_return"] = state.last_episode_return.mean()

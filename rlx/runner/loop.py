@@ -430,14 +430,20 @@ def default_chunk_updates(num_updates: int, target_chunks: int = 20) -> int:
 def first_non_finite(metrics: dict, undefined_allowed=()) -> tuple[int, str] | None:
     """(index along the update axis, metric name) of the first NaN/inf, or None.
 
-    ``undefined_allowed``: metrics an agent reports as NaN when they are undefined for an
-    update (its module's ``METRICS_MAY_BE_NAN``, e.g. a reward-model loss before any label).
+    ``undefined_allowed``: metrics an agent reports as NaN when they are undefined for an update (its
+    module's ``METRICS_MAY_BE_NAN``, e.g. a reward-model loss before any label). A tuple of names allows
+    NaN at any update; a mapping ``{name: flag}`` allows it only where the metric ``flag`` is 0 (e.g. the
+    figures of a learner that had too little data to train), so a NaN once it is defined still stops the run.
     """
+    allowed = undefined_allowed if isinstance(undefined_allowed, dict) else dict.fromkeys(undefined_allowed)
     first = None
     for name, values in metrics.items():
-        if name in undefined_allowed:
+        if name in allowed and allowed[name] is None:
             continue
-        bad = ~np.isfinite(values.reshape(values.shape[0], -1)).all(axis=1)
+        bad = ~np.isfinite(values)
+        if name in allowed:
+            bad &= np.asarray(metrics[allowed[name]]) != 0
+        bad = bad.reshape(values.shape[0], -1).any(axis=1)
         if bad.any():
             index = int(np.argmax(bad))
             if first is None or index < first[0]:
