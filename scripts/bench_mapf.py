@@ -7,9 +7,10 @@ Usage::
 In ONE invocation on the same machine:
 
 * **rlx**: ``MapfEnv`` (soft collisions, ``nothing`` mode, observation radius 5) on a pool of 16
-  random maps (density 0.3), ``B`` environments under ``vmap``, ``--steps`` steps of uniformly random
-  actions inside one jitted ``lax.scan`` (observations computed every step, auto-reset included, every
-  output read: ``bench_common.action_rollout``); compiled and run once, then timed (median of 3, each
+  random maps (density 0.3) that stores each entry's initial windows, as ``make_mapf`` builds its pools
+  (``MapfEnv.with_initial_observations``), ``B`` environments under ``vmap``, ``--steps`` steps of uniformly
+  random actions inside one jitted ``lax.scan`` (observations computed every step, auto-reset included,
+  every output read: ``bench_common.action_rollout``); compiled and run once, then timed (median of 3, each
   the mean of enough calls to last 0.2 s). The actions are drawn before the timed runs, as POGEMA's are.
 * **POGEMA 1.4**: ``pogema_v0`` with the same settings (one Python environment; POGEMA has no
   batching, so B environments cost B times one), median of 3 episodes, in its own virtualenv
@@ -49,6 +50,7 @@ def rlx_speed(side: int, agents: int, batch: int, steps: int) -> tuple[float, fl
     pool = instances.random_pool(16, agents, seed=0, size=(side, side), density=(0.3, 0.3),
                                  max_steps_in_episode=steps + 1)
     env = MapfEnv(agents, 5, "soft", "nothing", pool)
+    pool = env.with_initial_observations(pool)
 
     # drawn before the timed runs, as POGEMA's driver draws its actions before its timed loop
     actions = jax.random.randint(jax.random.PRNGKey(1), (steps, batch, agents), 0, 5)

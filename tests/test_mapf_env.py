@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from rlx.agents import map_policy as mp
 from rlx.agents import mappo
 from rlx.envs import registry
-from rlx.envs.mapf import evaluation, experts, instances, make_mapf, maps
+from rlx.envs.mapf import evaluation, experts, instances, make_mapf, maps, stores_initial_observations
 from rlx.envs.mapf.env import (COLLISION_SYSTEMS, MAP_CHANNELS, PRIORITY_CHANNELS, MapfEnv, distance_fields, move,
                                shortest_path_actions)
 from rlx.errors import ConfigError
@@ -346,8 +346,10 @@ def test_cached_distance_fields_hold_unreachable_cells_on_large_maps():
 @pytest.mark.parametrize("observation", ["local", "local_path", "map"])
 def test_auto_reset_observes_the_returned_state_as_the_generic_select_does(observation):
     """``step`` observes the state it returns once (``observations_of``); the contract's generic path observes
-    both the continued and the fresh episode and selects. Same keys, so same resets: outputs must agree at
-    every step, episode ends included (horizon 3, so several pass), and local windows stay 0/1 ``uint8``."""
+    both the continued and the fresh episode and selects; with the pool's stored initial observations
+    (local windows) it observes only the continued one and reads the fresh one. Same keys, so same resets:
+    outputs must agree at every step, episode ends included (horizon 3, so several pass), and local windows
+    stay 0/1 ``uint8``."""
 
     class Selecting(MapfEnv):
         def observations_of(self, state, params):
@@ -357,23 +359,46 @@ def test_auto_reset_observes_the_returned_state_as_the_generic_select_does(obser
     ours, generic = (cls(5, 3, "soft", "nothing", pool, observation=observation) for cls in (MapfEnv, Selecting))
     assert ours.observations_of(ours.reset(jax.random.PRNGKey(0))[1], pool) is not None
 
-    def rollout(env):
+    def rollout(env, params):
         def step(state, key):
             action_key, step_key = jax.random.split(key)
             obs, state, rewards, terminated, truncated, info = env.step(
-                step_key, state, jax.random.randint(action_key, (5,), 0, 5), pool)
+                step_key, state, jax.random.randint(action_key, (5,), 0, 5), params)
             return state, (obs, info["final_observation"], info["episode_over"], state.instance)
 
-        first_obs, state = env.reset(jax.random.PRNGKey(0), pool)
+        first_obs, state = env.reset(jax.random.PRNGKey(0), params)
         return first_obs, jax.lax.scan(step, state, jax.random.split(jax.random.PRNGKey(1), 10))[1]
 
-    (first, (obs, final, over, instance)), (first_g, (obs_g, final_g, over_g, instance_g)) = map(rollout, (ours, generic))
+    runs = [rollout(ours, pool), rollout(generic, pool)]
+    if observation != "map":
+        stored = ours.with_initial_observations(pool)
+        assert ours.observations_of(ours.reset(jax.random.PRNGKey(0), stored)[1], stored) is None
+        runs.append(rollout(ours, stored))
+    (first, (obs, final, over, instance)) = runs[0]
     assert int(over.sum()) >= 3 and len(set(np.asarray(instance).tolist())) > 1
-    for a, b in ((first, first_g), (obs, obs_g), (final, final_g), (over, over_g), (instance, instance_g)):
-        np.testing.assert_array_equal(a, b)
+    for other in runs[1:]:
+        jax.tree.map(np.testing.assert_array_equal, runs[0], other)
     if observation == "local":
         assert obs.dtype == jnp.uint8 and set(np.unique(obs)) <= {0, 1}
         assert ours.observation_space(pool).dtype == jnp.uint8
+
+
+def test_stored_initial_observations_must_fit_the_environment():
+    """Windows stored by one environment are refused by another that observes differently, naming the fix;
+    whole-map observations are not stored; ``make_mapf`` stores local windows, ``merge_pools`` drops them."""
+    pool = instances.random_pool(3, 4, seed=1, size=(7, 9), density=(0.1, 0.3))
+    radius_3 = MapfEnv(4, 3, "soft", "nothing", pool).with_initial_observations(pool)
+    with pytest.raises(ConfigError, match=r"obs_radius=5\): store them with this env's with_initial_observations"):
+        MapfEnv(4, 5, "soft", "nothing", pool).reset(jax.random.PRNGKey(0), radius_3)
+    with pytest.raises(ConfigError, match="observation='local_path'"):
+        MapfEnv(4, 3, "soft", "nothing", pool, observation="local_path").reset(jax.random.PRNGKey(0), radius_3)
+    with pytest.raises(ConfigError, match="only local observations can be stored"):
+        MapfEnv(4, 3, "soft", "nothing", pool, observation="map").with_initial_observations(pool)
+    env, params = registry.make("mapf_random", {"num_agents": 3, "pool_size": 4, "observation": "local_path"})
+    assert params.initial_observations.shape == (4, 3, 11, 11, 4)
+    assert stores_initial_observations(env, params, max_bytes=4 * 3 * 11 * 11 * 4 * 4)
+    assert not stores_initial_observations(env, params, max_bytes=4 * 3 * 11 * 11 * 4 * 4 - 1)
+    assert instances.merge_pools([params, params]).initial_observations is None
 
 
 def test_every_mapf_layout_builds_and_steps(tmp_path):

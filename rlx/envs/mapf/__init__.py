@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlx.envs.mapf import instances, maps
-from rlx.envs.mapf.env import MapfEnv, MapfParams, distance_fields
+from rlx.envs.mapf.env import MAP_OBSERVATIONS, MapfEnv, MapfParams, distance_fields
 from rlx.errors import ConfigError
 
 LAYOUTS = ("random", "maze", "warehouse", "file", "endgame")
@@ -76,7 +76,19 @@ def make_mapf(layout: str = "random", num_agents: int = 16, obs_radius: int = 5,
     if env.needs_distances:  # resets then read the first goals' distance fields instead of searching
         pool = pool.replace(goal_distances=first_goal_distances(pool))
         env = MapfEnv(num_agents, obs_radius, collision_system, on_target, pool, observation, progress_reward)
+    if stores_initial_observations(env, pool):  # auto-resets read the fresh windows: a step observes one state
+        env = MapfEnv(num_agents, obs_radius, collision_system, on_target, env.with_initial_observations(pool),
+                      observation, progress_reward)
     return env
+
+
+def stores_initial_observations(env: MapfEnv, pool: MapfParams, max_bytes: int = 256 * 2**20) -> bool:
+    """Whether ``make_mapf`` stores the pool's windows at time 0: local windows only, and only while they
+    take at most ``max_bytes`` (a large ``local_path`` pool would hold gigabytes to save one window set)."""
+    if env.observation in MAP_OBSERVATIONS:
+        return False
+    space = env.observation_space(pool)
+    return pool.blocked.shape[0] * env.num_agents * np.prod(space.shape) * np.dtype(space.dtype).itemsize <= max_bytes
 
 
 def first_goal_distances(pool: MapfParams, chunk: int = 64) -> jnp.ndarray:

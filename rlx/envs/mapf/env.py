@@ -92,6 +92,8 @@ class MapfParams:
     goal_distances: jax.Array | None = None  # int16[M, N, H, W] (int32 past 32,767 cells): fields to the first goals
     committed_actions: jax.Array | None = None  # int8[M, T, N]: DAgger's recorded decoding rounds: the action an
                                                 # agent had committed to when the others were labelled (-1: none)
+    initial_observations: jax.Array | None = None  # [M, N, ...]: each entry's local observations at time 0
+                                                   # (``MapfEnv.with_initial_observations``)
 
 
 @struct.dataclass
@@ -189,7 +191,32 @@ class MapfEnv(MultiAgentEnv):
         state = self._with_distances(state, params)
         settled = jnp.all(positions == goals, -1) | self.deferred(state, params)
         state = state.replace(last_on_goal=jnp.where(settled, 0, -1).astype(jnp.int32))
+        if params.initial_observations is not None:
+            return self._stored_initial_observations(params)[instance], state
         return self.observations(state, params), state
+
+    def with_initial_observations(self, params: MapfParams) -> MapfParams:
+        """``params`` with every pool entry's observations at time 0 stored in it. An auto-reset then reads
+        the fresh episode's observations there instead of observing its state, so a step observes one state
+        (the one it reached, which ``final_observation`` needs anyway) instead of two. Local windows only:
+        whole-map observations (``[N, H, W, C]`` per entry) would cost more memory than they save time."""
+        if self.observation in MAP_OBSERVATIONS:
+            raise ConfigError(f"observation={self.observation!r}: only local observations can be stored "
+                              f"per pool entry ({', '.join(o for o in OBSERVATIONS if o not in MAP_OBSERVATIONS)})")
+        entries = jnp.arange(params.blocked.shape[0])
+        fresh = params.replace(initial_observations=None)
+        observe = jax.jit(jax.vmap(lambda entry: self.reset_to(entry, jax.random.PRNGKey(0), fresh)[0]))
+        return params.replace(initial_observations=observe(entries))
+
+    def _stored_initial_observations(self, params: MapfParams) -> jax.Array:
+        stored = params.initial_observations
+        space = self.observation_space(params)
+        expected = (params.blocked.shape[0], self.num_agents) + tuple(space.shape)
+        if stored.shape != expected or stored.dtype != space.dtype:
+            raise ConfigError(f"initial_observations {stored.dtype}{list(stored.shape)} do not fit this "
+                              f"environment's {space.dtype}{list(expected)} (observation={self.observation!r}, "
+                              f"obs_radius={self.obs_radius}): store them with this env's with_initial_observations")
+        return stored
 
     def _with_distances(self, state: MapfState, params: MapfParams, changed=None) -> MapfState:
         """Distance fields to the current goals, kept in the state when ``needs_distances`` (at a reset
@@ -500,8 +527,10 @@ class MapfEnv(MultiAgentEnv):
     def alive(self, state: MapfState, params) -> jax.Array:
         return state.active
 
-    def observations_of(self, state: MapfState, params: MapfParams) -> jax.Array:
-        return self.observations(state, params)
+    def observations_of(self, state: MapfState, params: MapfParams) -> jax.Array | None:
+        """The returned state's observations; None (select between the stepped and the fresh episode's) when
+        the pool stores its initial observations, so that only the stepped state is observed."""
+        return None if params.initial_observations is not None else self.observations(state, params)
 
 
 # -- movement ------------------------------------------------------------------------------------------

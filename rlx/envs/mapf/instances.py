@@ -237,4 +237,5 @@ def merge_pools(pools: list[MapfParams], num_agents: int | None = None) -> MapfP
         blocked=merged("blocked"), sizes=merged("sizes"), components=merged("components"),
         starts=merged("starts", 1), goals=merged("goals", 1), agent_mask=merged("agent_mask", 1, False),
         expert_actions=merged("expert_actions", 2), behaviour_actions=merged("behaviour_actions", 2),
-        goal_distances=merged("goal_distances", 1, far), committed_actions=merged("committed_actions", 2, -1))
+        goal_distances=merged("goal_distances", 1, far), committed_actions=merged("committed_actions", 2, -1),
+        initial_observations=None)
