@@ -646,9 +646,9 @@ def make(config: Config, env, env_params):
         """``apply`` to ``x [..., d]`` (and ``more`` arrays with the same leading axes) as ``[rows, d]`` matrices,
         outputs reshaped back: XLA's CPU kernels are slower on ``[..., env, agent, d]`` arrays (a learning epoch
         of the benchmark's recurrent network took 1.16x as long, of the feed-forward one 1.3x)."""
-        lead = x.shape[:-1]
         if not (gru or config.agent_rows):
             return apply(x, *more)
+        lead = x.shape[:-1]
         outputs = apply(*(a.reshape((-1,) + a.shape[len(lead):]) for a in (x,) + more))
         return jax.tree.map(lambda out: out.reshape(lead + out.shape[1:]), outputs)
 

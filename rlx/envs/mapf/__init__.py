@@ -73,13 +73,12 @@ def make_mapf(layout: str = "random", num_agents: int = 16, obs_radius: int = 5,
     if actions is not None:
         pool = pool.replace(expert_actions=jnp.asarray(actions))
     env = MapfEnv(num_agents, obs_radius, collision_system, on_target, pool, observation, progress_reward)
+    # The rules do not depend on the pool, so one environment computes what the pool then stores.
     if env.needs_distances:  # resets then read the first goals' distance fields instead of searching
         pool = pool.replace(goal_distances=first_goal_distances(pool))
-        env = MapfEnv(num_agents, obs_radius, collision_system, on_target, pool, observation, progress_reward)
     if stores_initial_observations(env, pool):  # auto-resets read the fresh windows: a step observes one state
-        env = MapfEnv(num_agents, obs_radius, collision_system, on_target, env.with_initial_observations(pool),
-                      observation, progress_reward)
-    return env
+        pool = env.with_initial_observations(pool)
+    return MapfEnv(num_agents, obs_radius, collision_system, on_target, pool, observation, progress_reward)
 
 
 def stores_initial_observations(env: MapfEnv, pool: MapfParams, max_bytes: int = 256 * 2**20) -> bool:
