@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from rlx.agents import a2c
+from test_returns import reference_gae  # the NumPy GAE reference PPO's targets are checked against
 
 
 # --------------------------------------------------------------------------- loss
@@ -62,24 +63,6 @@ def test_advantage_normalisation():
 
 
 # --------------------------------------------------------------------------- n-step / GAE targets
-
-
-def reference_gae(rewards, values, next_values, terminated, truncated, gamma, lam):
-    """A_t = sum_k (gamma*lam)^k delta_{t+k}, summed up to the end of t's episode or of the rollout."""
-    steps, envs = rewards.shape
-    done = np.logical_or(terminated, truncated)
-    deltas = rewards + gamma * (1 - terminated) * next_values - values
-    advantages = np.zeros_like(rewards)
-    for n in range(envs):
-        for t in range(steps):
-            total, weight = 0.0, 1.0
-            for k in range(t, steps):
-                total += weight * deltas[k, n]
-                if done[k, n]:
-                    break
-                weight *= gamma * lam
-            advantages[t, n] = total
-    return advantages, advantages + values
 
 
 def reference_n_step_returns(rewards, next_values, terminated, truncated, gamma):

@@ -113,3 +113,23 @@ def test_bad_cpu_devices_fail_in_one_line(train_in_process, value):
     assert code == 2
     assert "run.cpu_devices=" in stderr and "must be 'auto' or an integer >= 1" in stderr
     assert len(stderr.strip().splitlines()) == 1, stderr
+
+
+def test_ynn_reduce_flag_only_for_the_jaxlib_that_knows_it(monkeypatch):
+    """XLA aborts on a flag it does not know, so the YNNPACK reduction switch is added for jaxlib 0.10 only;
+    a value the user set wins; and the pinned jaxlib is the one the switch was measured on (a bump that
+    fails here needs the slowdown it works around measured again: rlx/runner/compile_cache.py)."""
+    from rlx.runner import compile_cache
+
+    scheduler = compile_cache.WORKAROUND_XLA_FLAGS
+    for version, expected in (("0.10.2", f"{scheduler} {compile_cache.YNN_REDUCE_FLAG}"), ("0.11.0", scheduler)):
+        monkeypatch.setenv("XLA_FLAGS", "")
+        monkeypatch.setattr(compile_cache, "jaxlib_version", lambda: version)
+        compile_cache.set_xla_flags()
+        assert os.environ["XLA_FLAGS"] == expected
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_experimental_ynn_fusion_type=dot")
+    monkeypatch.setattr(compile_cache, "jaxlib_version", lambda: "0.10.2")
+    compile_cache.set_xla_flags()
+    assert os.environ["XLA_FLAGS"] == f"--xla_cpu_experimental_ynn_fusion_type=dot {scheduler}"
+    monkeypatch.undo()
+    assert compile_cache.jaxlib_version().startswith(compile_cache.YNN_REDUCE_JAXLIB)

@@ -504,27 +504,6 @@ def test_default_config_is_valid_and_numeric_fields_are_traced():
     assert len(leaves) == 9  # lr, gamma, gae_lambda, clip_eps, vf_clip_eps, ent_coef, vf_coef, max_grad_norm, adam_eps
 
 
-
-def test_agent_rows_layout_changes_no_update():
-    """``agent_rows`` (the networks read ``[env * agent, d]`` rows or ``[..., env, agent, d]``: a speed knob)
-    leaves two updates the same, under a vmap over seeds as the runner runs them, centralized critic on."""
-    env = Coop()
-    params = env.default_params.replace(death_prob=0.2)
-    runs = []
-    for rows in (True, False):
-        config = mappo.Config(num_envs=4, num_steps=8, total_timesteps=64, hidden_sizes=(16,), num_minibatches=2,
-                              centralized_critic=True, agent_rows=rows)
-        agent = mappo.make(config, env, params)
-
-        def two_updates(key):
-            state = agent.init(key)
-            state, first = agent.update(state)
-            return agent.update(state)[0].params, first
-
-        runs.append(jax.jit(jax.vmap(two_updates))(jax.random.split(jax.random.PRNGKey(5), 2)))
-    for by_rows, by_agent in zip(jax.tree.leaves(runs[0]), jax.tree.leaves(runs[1])):
-        np.testing.assert_allclose(by_rows, by_agent, rtol=1e-4, atol=1e-5)
-
 # --------------------------------------------------------------------------- learning on Coop
 
 COOP = Coop(2, 3)

@@ -112,9 +112,6 @@ class Config:
     clip_value_loss: bool = static(True)
     normalize_advantages: bool = static(True)
     rollout_unroll: int = static(1)  # env steps per loop iteration of the rollout (a speed knob on accelerators)
-    # Feed-forward networks read [env * agent rows, d] matrices (XLA's CPU kernels: 1.2x faster updates on MPE);
-    # off, they read [..., env, agent, d]: 2.2x faster on MAPF's 484-wide windows under a vmap over seeds.
-    agent_rows: bool = static(True)
 
     @property
     def batch_size(self) -> int:
@@ -645,9 +642,11 @@ def make(config: Config, env, env_params):
     def as_rows(apply, x, *more):
         """``apply`` to ``x [..., d]`` (and ``more`` arrays with the same leading axes) as ``[rows, d]`` matrices,
         outputs reshaped back: XLA's CPU kernels are slower on ``[..., env, agent, d]`` arrays (a learning epoch
-        of the benchmark's recurrent network took 1.16x as long, of the feed-forward one 1.3x)."""
-        if not (gru or config.agent_rows):
-            return apply(x, *more)
+        of the benchmark's recurrent network took 1.16x as long, of the feed-forward one 1.3x).
+
+        Under a vmap over seeds, jaxlib 0.10's YNNPACK reduction for the input LayerNorm's gradient is very slow
+        on these rows (2.2x slower updates on MAPF's 484-wide windows); ``rlx.runner.compile_cache`` turns it off
+        with ``--xla_cpu_experimental_ynn_fusion_type=-reduce``, which a vendored copy may want too."""
         lead = x.shape[:-1]
         outputs = apply(*(a.reshape((-1,) + a.shape[len(lead):]) for a in (x,) + more))
         return jax.tree.map(lambda out: out.reshape(lead + out.shape[1:]), outputs)
@@ -871,8 +870,6 @@ def make(config: Config, env, env_params):
         """A minibatch with one row per (env, agent): ``[T, env * agent, ...]`` recurrent (``reset`` per agent,
         carries ``[env * agent, H]``), ``[sample * agent, ...]`` feed-forward. The loss is a mean over entries,
         so only the speed changes (see ``as_rows``)."""
-        if not (gru or config.agent_rows):
-            return minibatch, start_carry
         minibatch = minibatch._replace(reset=agent_resets(minibatch.reset, minibatch.actor_in))
         time_axes = 1 if gru else 0
         merge = lambda x: x.reshape(x.shape[:time_axes] + (-1,) + x.shape[time_axes + 2:])  # noqa: E731
