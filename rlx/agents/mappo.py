@@ -645,7 +645,7 @@ def make(config: Config, env, env_params):
         of the benchmark's recurrent network took 1.16x as long, of the feed-forward one 1.3x).
 
         Under a vmap over seeds, jaxlib 0.10's YNNPACK reduction for the input LayerNorm's gradient is very slow
-        on these rows (2.2x slower updates on MAPF's 484-wide windows); ``rlx.runner.compile_cache`` turns it off
+        on these rows (updates 2-3x slower on MAPF's 484-wide windows); ``rlx.runner.compile_cache`` turns it off
         with ``--xla_cpu_experimental_ynn_fusion_type=-reduce``, which a vendored copy may want too."""
         lead = x.shape[:-1]
         outputs = apply(*(a.reshape((-1,) + a.shape[len(lead):]) for a in (x,) + more))

@@ -1,4 +1,4 @@
-"""XLA settings applied before JAX starts: the persistent compilation cache and a runtime workaround.
+"""XLA settings applied before JAX starts: the persistent compilation cache and runtime workarounds.
 
 With the cache, a second identical run (same program, same shapes, same static
 config) loads its executables from disk instead of compiling them.
@@ -22,7 +22,7 @@ WORKAROUND_XLA_FLAGS = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 # parameter gradient under the runner's vmap over seeds, ``f32[1, rows, d] -> [1, d]`` over the middle axis,
 # took about 150 ms a call against about 6 ms for the same sum without the leading axis (jax.profiler on
 # MAPPO's learning step for mappo_mapf_random: 7.7 s against 2.5 s per update). Leaving reductions to XLA's
-# own emitter fixed it and cost nothing elsewhere (rlx.train, env steps/s without -> with the flag:
+# own emitter fixed it and slowed no training preset we timed (rlx.train, env steps/s without -> with the flag:
 # mappo_mapf_random 491 -> 1,386, mappo_mpe_spread 21.7k -> 22.7k, ppo_cartpole 242k -> 242k, ppo_minatar
 # 22.8k -> 23.1k, mapf_map_policy 662 -> 707, dreamer_cartpole 299 -> 317; 2026-12-07, 2 cores). Parts do
 # get slower, large plain sums most: MAPPO's rollout on MAPF 0.46 -> 0.52 s per update while its learning
