@@ -13,14 +13,16 @@ from pathlib import Path
 PACKAGES = ["rlx", "jax", "jaxlib", "flax", "optax", "chex", "distrax", "gymnax", "hydra-core", "omegaconf", "numpy"]
 
 
+def installed_version(name: str) -> str | None:
+    """The installed version of package ``name`` (None if it is not installed), read without importing it."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def package_versions() -> dict:
-    versions = {}
-    for name in PACKAGES:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = None
-    return versions
+    return {name: installed_version(name) for name in PACKAGES}
 
 
 def git_commit() -> str | None:

@@ -21,25 +21,22 @@ WORKAROUND_XLA_FLAGS = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 # jaxlib 0.10 on CPU hands reductions to YNNPACK fusions, and one shape of them is very slow: a LayerNorm's
 # parameter gradient under the runner's vmap over seeds, ``f32[1, rows, d] -> [1, d]`` over the middle axis,
 # took about 150 ms a call against about 6 ms for the same sum without the leading axis (jax.profiler on
-# MAPPO's learning step for mappo_mapf_random: 7.7 s against 2.5 s per update). Leaving reductions to XLA's
+# MAPPO's learning step for mappo_mapf_random at 32 envs: 7.7 s, 2.5 s with the flag below). Leaving reductions to XLA's
 # own emitter fixed it and slowed no training preset we timed (rlx.train, env steps/s without -> with the flag:
 # mappo_mapf_random 491 -> 1,386, mappo_mpe_spread 21.7k -> 22.7k, ppo_cartpole 242k -> 242k, ppo_minatar
 # 22.8k -> 23.1k, mapf_map_policy 662 -> 707, dreamer_cartpole 299 -> 317; 2026-12-07, 2 cores). Parts do
-# get slower, large plain sums most: MAPPO's rollout on MAPF 0.46 -> 0.52 s per update while its learning
-# step went 10.8 -> 5.5 s, and scripts/bench_mapf.py's checksum program 52 -> 82 ms (README). XLA aborts
+# get slower, large plain sums most: MAPPO's rollout on MAPF 0.46 -> 0.52 s per update while the whole
+# update went 10.8 -> 5.5 s, and scripts/bench_mapf.py's checksum program 52 -> 82 ms (README). XLA aborts
 # on a flag it does not know, so it is only added for the jaxlib that has it.
 YNN_REDUCE_FLAG = "--xla_cpu_experimental_ynn_fusion_type=-reduce"
 YNN_REDUCE_JAXLIB = "0.10."
 
 
 def jaxlib_version() -> str:
-    """The installed jaxlib's version, read without importing JAX (XLA reads its flags once, at start)."""
-    from importlib import metadata
+    """The installed jaxlib's version ("" if none), read without importing JAX (XLA reads its flags once, at start)."""
+    from rlx.runner.artifacts import installed_version
 
-    try:
-        return metadata.version("jaxlib")
-    except metadata.PackageNotFoundError:
-        return ""
+    return installed_version("jaxlib") or ""
 
 
 def add_xla_flag(flag: str) -> None:
