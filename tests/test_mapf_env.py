@@ -13,8 +13,8 @@ from rlx.agents import map_policy as mp
 from rlx.agents import mappo
 from rlx.envs import registry
 from rlx.envs.mapf import evaluation, experts, instances, make_mapf, maps, stores_initial_observations
-from rlx.envs.mapf.env import (COLLISION_SYSTEMS, MAP_CHANNELS, PRIORITY_CHANNELS, MapfEnv, distance_fields, move,
-                               shortest_path_actions)
+from rlx.envs.mapf.env import (COLLISION_SYSTEMS, MAP_CHANNELS, MOVES, PRIORITY_CHANNELS, MapfEnv, dead_end_planes,
+                               distance_fields, move, shortest_path_actions)
 from rlx.errors import ConfigError
 
 
@@ -439,7 +439,7 @@ def test_mappo_with_the_path_channel_solves_small_unseen_instances(optimised):
     assert learned["csr"].mean() >= 0.8 and random["csr"].mean() <= 0.1
 
 
-@pytest.mark.parametrize("observation", ["map_defer", "map_rank"])
+@pytest.mark.parametrize("observation", ["map_defer", "map_rank", "map_corridor"])
 @pytest.mark.parametrize("symmetry", range(8))
 def test_map_planes_turn_with_the_map(symmetry, observation):
     """``map_policy``'s ``augment`` trains on turned and mirrored samples: the planes of a turned instance
@@ -473,3 +473,38 @@ def test_map_planes_turn_with_the_map(symmetry, observation):
         actions = rng.integers(0, 5, n)
         obs, state, *_ = step(key, state, jnp.asarray(actions), pool)
         turned_obs, turned_state, *_ = step(key, turned_state, jnp.asarray(permutation[actions]), pool)
+
+
+def corridor_end(moves: dict, front: tuple, behind: tuple) -> str:
+    """Walk from ``front`` away from ``behind`` along cells with exactly one other way on: ``"dead end"``
+    when the walk runs out of ways (or goes round a ring), ``"junction"`` when it meets two or more."""
+    for _ in range(len(moves)):
+        ahead = [cell for cell in moves[front] if cell not in (front, behind)]
+        if len(ahead) != 1:
+            return "junction" if ahead else "dead end"
+        behind, front = front, ahead[0]
+    return "dead end"
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_dead_end_planes_match_a_walk_along_each_corridor(seed):
+    """``dead_end_planes`` (a fixed point in JAX) against a plain walk from every free cell away from each
+    free neighbour, on random maps of several densities and sizes, and on a ring of corridor cells."""
+    rng = np.random.default_rng(seed)
+    size = int(rng.integers(5, 22))
+    grid = maps.random_map(size, [0.0, 0.2, 0.35, 0.5, 0.3, 0.25][seed], rng)
+    if seed == 0:  # a ring of corridor cells round a block that walls in one free cell
+        grid = np.zeros((5, 5), bool)
+        grid[1:4, 1:4] = True
+        grid[2, 2] = False
+        grid[2, 1] = grid[2, 3] = True
+    moves = experts.neighbour_table(grid)
+    planes = np.asarray(dead_end_planes(jnp.asarray(grid)))
+    expected = np.zeros_like(planes)
+    for (r, c) in moves:
+        for d, (dr, dc) in enumerate(MOVES[1:]):
+            behind = (r + int(dr), c + int(dc))
+            if behind in moves:
+                expected[r, c, d] = corridor_end(moves, (r, c), behind) == "dead end"
+    np.testing.assert_array_equal(planes, expected)
+    assert seed != 0 or expected[0, 0].sum() == 2  # the ring: both ways round end where they began

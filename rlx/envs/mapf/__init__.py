@@ -33,8 +33,10 @@ def make_mapf(layout: str = "random", num_agents: int = 16, obs_radius: int = 5,
     (those plus the step's shared tie-break numbers: ``tie_noise``), ``map_defer`` (the same planes, with the
     moves and waiting of agents that keep off their goals as ``pibt_swap_defer`` sees them: ``MapfEnv.deferred``),
     ``map_route`` (those, with the moves of agents off their goals ranked around agents resting on theirs, as
-    ``pibt_swap_route`` ranks them: ``routed_distances``), or ``map_rank`` (``map_defer``'s planes plus, per
-    move, whether the neighbour that way plans before or after the agent in PIBT's order: ``MapfEnv.rank_planes``).
+    ``pibt_swap_route`` ranks them: ``routed_distances``), ``map_rank`` (``map_defer``'s planes plus, per
+    move, whether the neighbour that way plans before or after the agent in PIBT's order: ``MapfEnv.rank_planes``),
+    or ``map_corridor`` (``map_defer``'s planes plus, per move, whether the corridor leading away from the
+    neighbour that way ends in a dead end, where PIBT's swap pulls instead of pushing: ``env.dead_end_planes``).
     ``progress_reward``: added to each agent's reward per step it moves closer to its goal (and
     taken away per step it moves farther), on top of the ``on_target`` rewards. ``expert``
     (``pibt``, ``pibt_by_index``: ties broken by agent index as ``map_priority`` shows them,

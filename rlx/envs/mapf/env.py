@@ -52,18 +52,20 @@ spaces = import_env_module("gymnax.environments.spaces")
 MOVES = np.array([[0, 0], [-1, 0], [1, 0], [0, -1], [0, 1]], np.int32)  # wait, up, down, left, right
 COLLISION_SYSTEMS = ("soft", "priority", "block_both")
 ON_TARGET_MODES = ("finish", "nothing", "restart")
-OBSERVATIONS = ("local", "local_path", "map", "map_priority", "map_noise", "map_defer", "map_route", "map_rank")
+OBSERVATIONS = ("local", "local_path", "map", "map_priority", "map_noise", "map_defer", "map_route", "map_rank",
+                "map_corridor")
 # whole-map planes plus a "this is me" plane; those that also show the step's tie-break numbers
-MAP_OBSERVATIONS = ("map", "map_priority", "map_noise", "map_defer", "map_route", "map_rank")
-NOISE_OBSERVATIONS = ("map_noise", "map_defer", "map_route", "map_rank")
+MAP_OBSERVATIONS = ("map", "map_priority", "map_noise", "map_defer", "map_route", "map_rank", "map_corridor")
+NOISE_OBSERVATIONS = ("map_noise", "map_defer", "map_route", "map_rank", "map_corridor")
 # those that show PIBT's priorities (priority_planes), and those whose agents defer at goal pockets (deferred)
 PRIORITY_OBSERVATIONS = ("map_priority",) + NOISE_OBSERVATIONS
-DEFER_OBSERVATIONS = ("map_defer", "map_route", "map_rank")
+DEFER_OBSERVATIONS = ("map_defer", "map_route", "map_rank", "map_corridor")
 MAP_CHANNELS = 8  # see MapfEnv.map_features
 MOVE_PLANES = 3  # the first of map_features' four per-move channels
 PRIORITY_CHANNELS = 2  # see MapfEnv.priority_planes ("map_priority" observations)
 RANK_CHANNELS = 4  # see MapfEnv.rank_planes ("map_rank" observations): one per move, up, down, left, right
 RANK_PLANES = MAP_CHANNELS + PRIORITY_CHANNELS + 1  # where they start: after the map's, priority and noise planes
+CORRIDOR_CHANNELS = 4  # see MapfEnv.dead_end_planes ("map_corridor" observations), at RANK_PLANES: one per move
 POCKET_INNER, POCKET_WAY = 1, 2  # goal_pockets codes: the region a goal shuts off, the goal and its corridor
 ROUTE_PENALTY = 4  # routed_distances: steps a way through a resting agent costs beyond its length
 
@@ -147,7 +149,7 @@ class MapfEnv(MultiAgentEnv):
     def move_planes(self) -> tuple[int, ...]:
         """Where whole-map observations hold one plane per move (up, down, left, right: ``map_features``'
         distance changes), for policies that train on turned or mirrored maps (``map_policy``'s ``augment``)."""
-        if self.observation == "map_rank":
+        if self.observation in ("map_rank", "map_corridor"):
             return MOVE_PLANES, RANK_PLANES
         return (MOVE_PLANES,) if self.observation in MAP_OBSERVATIONS else ()
 
@@ -300,7 +302,8 @@ class MapfEnv(MultiAgentEnv):
         then also the step's ``tie_noise_plane``; ``"map_defer"``: the channels of ``"map_noise"``, with
         deferred agents' moves and waiting as the ``pibt_swap_defer`` teacher sees them: ``deferred``); ``"map_route"``:
         the channels of ``"map_defer"``, with the moves of agents off their goals as the ``pibt_swap_route`` teacher
-        ranks them: ``routed_distances``); ``"map_rank"``: the channels of ``"map_defer"``, then ``rank_planes``)."""
+        ranks them: ``routed_distances``); ``"map_rank"``: the channels of ``"map_defer"``, then ``rank_planes``;
+        ``"map_corridor"``: the channels of ``"map_defer"``, then ``dead_end_planes``)."""
         if self.observation in MAP_OBSERVATIONS:
             features = self.map_features(state, params)
             if self.observation in PRIORITY_OBSERVATIONS:
@@ -309,6 +312,8 @@ class MapfEnv(MultiAgentEnv):
                 features = jnp.concatenate([features, self.tie_noise_plane(state, params)[..., None]], axis=-1)
             if self.observation == "map_rank":
                 features = jnp.concatenate([features, self.rank_planes(state, params)], axis=-1)
+            if self.observation == "map_corridor":
+                features = jnp.concatenate([features, dead_end_planes(params.blocked[state.instance])], axis=-1)
             me = jnp.zeros((self.num_agents,) + features.shape[:2], jnp.float32).at[
                 jnp.arange(self.num_agents), state.positions[:, 0], state.positions[:, 1]].set(
                 state.active.astype(jnp.float32))
@@ -511,7 +516,8 @@ class MapfEnv(MultiAgentEnv):
     def observation_space(self, params):
         if self.observation in MAP_OBSERVATIONS:
             channels = (MAP_CHANNELS + PRIORITY_CHANNELS * (self.observation in PRIORITY_OBSERVATIONS)
-                        + (self.observation in NOISE_OBSERVATIONS) + RANK_CHANNELS * (self.observation == "map_rank"))
+                        + (self.observation in NOISE_OBSERVATIONS) + RANK_CHANNELS * (self.observation == "map_rank")
+                        + CORRIDOR_CHANNELS * (self.observation == "map_corridor"))
             return spaces.Box(-1.0, 1.0, params.blocked.shape[1:] + (channels + 1,), jnp.float32)
         window = 2 * self.obs_radius + 1
         if self.observation == "local_path":
@@ -766,3 +772,43 @@ def goal_pockets(blocked, goals, size) -> jax.Array:
         return pocket
 
     return jax.vmap(one)(goals)
+
+
+def dead_end_planes(blocked) -> jax.Array:
+    """``float32[H, W, 4]``: per move (up, down, left, right), 1 on a free cell whose neighbour that way is
+    free and from which the corridor leading away from that neighbour ends in a dead end (or closes on
+    itself) before any junction: where PIBT's swap operation (``experts.pibt_step``'s ``ways_on``) finds
+    that an agent cannot be pushed back and must be pulled out instead. 0 elsewhere.
+
+    A fixed point over directed cells: leaving cell ``c`` away from its neighbour ``b``, the other free
+    neighbours of ``c`` decide (none: a dead end; two or more: a junction) unless there is exactly one,
+    ``c'``, in which case the answer is that of leaving ``c'`` away from ``c``. Corridors resolve one cell
+    per iteration; rings never resolve and count as dead ends, as ``ways_on`` counts them.
+    """
+    free = ~blocked
+    padded = jnp.pad(free, 1)
+    height, width = blocked.shape
+    offsets = MOVES[1:]  # up, down, left, right
+    opposite = jnp.array([1, 0, 3, 2])
+    neighbour_free = jnp.stack([padded[1 + dr:1 + dr + height, 1 + dc:1 + dc + width] for dr, dc in offsets])
+    # others[d, e]: leaving a cell away from its neighbour d, is the neighbour e another way on?
+    others = neighbour_free[None] & (jnp.arange(4)[:, None] != jnp.arange(4)[None, :])[..., None, None]
+    count = jnp.sum(others, axis=1)                   # [d, H, W]
+    onward = jnp.argmax(others, axis=1)               # [d, H, W]: the way on when there is one
+    rows, cols = jnp.meshgrid(jnp.arange(height), jnp.arange(width), indexing="ij")
+    next_rows = jnp.clip(rows + jnp.asarray(offsets[:, 0])[onward], 0, height - 1)
+    next_cols = jnp.clip(cols + jnp.asarray(offsets[:, 1])[onward], 0, width - 1)
+    came_from = opposite[onward]                      # leaving the next cell away from this one
+    DEAD, JUNCTION, OPEN = 0, 1, 2
+    known = jnp.where(count == 0, DEAD, jnp.where(count >= 2, JUNCTION, OPEN))
+
+    def follow(carry):
+        answer, _, steps = carry
+        ahead = answer[came_from, next_rows, next_cols]
+        updated = jnp.where(known == OPEN, ahead, answer)
+        return updated, jnp.any(updated != answer), steps + 1
+
+    answer, _, _ = jax.lax.while_loop(lambda carry: carry[1] & (carry[2] < height * width), follow,
+                                      (known, jnp.array(True), jnp.array(0)))
+    dead = (answer != JUNCTION) & neighbour_free & free[None]
+    return jnp.moveaxis(dead, 0, -1).astype(jnp.float32)
