@@ -113,6 +113,7 @@ class MapfState:
     key: jax.Array
     distances: jax.Array      # int32[N, H, W] to the current goals ("map" observations), else [0]
     pockets: jax.Array        # int8[N, H, W]: goal_pockets of the goals ("map_defer" in nothing mode), else [0]
+    dead_ends: jax.Array      # float32[H, W, 4]: dead_end_planes of the map ("map_corridor"), else [0]
 
 
 class MapfEnv(MultiAgentEnv):
@@ -189,6 +190,10 @@ class MapfEnv(MultiAgentEnv):
             distances=jnp.zeros(1, jnp.int32),
             pockets=(goal_pockets(params.blocked[instance], goals, params.sizes[instance]) if self.defers
                      else jnp.zeros(1, jnp.int8)),
+            # Fixed by the map, so computed once per episode: a fixed point per observation would triple
+            # the cost of an imitation update.
+            dead_ends=(dead_end_planes(params.blocked[instance]) if self.observation == "map_corridor"
+                       else jnp.zeros(1, jnp.float32)),
         )
         state = self._with_distances(state, params)
         settled = jnp.all(positions == goals, -1) | self.deferred(state, params)
@@ -313,7 +318,7 @@ class MapfEnv(MultiAgentEnv):
             if self.observation == "map_rank":
                 features = jnp.concatenate([features, self.rank_planes(state, params)], axis=-1)
             if self.observation == "map_corridor":
-                features = jnp.concatenate([features, dead_end_planes(params.blocked[state.instance])], axis=-1)
+                features = jnp.concatenate([features, state.dead_ends], axis=-1)
             me = jnp.zeros((self.num_agents,) + features.shape[:2], jnp.float32).at[
                 jnp.arange(self.num_agents), state.positions[:, 0], state.positions[:, 1]].set(
                 state.active.astype(jnp.float32))
