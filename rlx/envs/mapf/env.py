@@ -782,7 +782,7 @@ def goal_pockets(blocked, goals, size) -> jax.Array:
 def dead_end_planes(blocked) -> jax.Array:
     """``float32[H, W, 4]``: per move (up, down, left, right), 1 on a free cell whose neighbour that way is
     free and from which the corridor leading away from that neighbour ends in a dead end (or closes on
-    itself) before any junction: where PIBT's swap operation (``experts.pibt_step``'s ``ways_on``) finds
+    itself) before any junction: where PIBT's swap operation (``experts.ways_on``) finds
     that an agent cannot be pushed back and must be pulled out instead. 0 elsewhere.
 
     A fixed point over directed cells: leaving cell ``c`` away from its neighbour ``b``, the other free

@@ -223,6 +223,17 @@ def tiebreakers(n: int, kind: str, rng) -> np.ndarray:
     raise ValueError(f"tiebreak {kind!r}: valid: random, index")
 
 
+def ways_on(moves: dict, front: tuple, behind: tuple) -> int:
+    """Free cells beyond ``front`` (not ``behind``) at the end of the corridor that starts there: 0 at a dead
+    end, 2 or more at a junction (``moves``: ``neighbour_table``). ``env.dead_end_planes`` shows it per move."""
+    for _ in range(len(moves)):
+        ahead = [cell for cell in moves[front] if cell not in (front, behind)]
+        if len(ahead) != 1:
+            return len(ahead)
+        behind, front = front, ahead[0]
+    return 0  # a ring of corridor cells: no junction either
+
+
 def pibt_step(moves: dict, position: list[tuple], distance, priority: np.ndarray, rng,
               constraints: tuple = (), swap: bool = False, tie_noise_grid=None,
               give_way: bool = False) -> tuple | None:
@@ -254,21 +265,11 @@ def pibt_step(moves: dict, position: list[tuple], distance, priority: np.ndarray
         nxt[i], reserved[cell] = cell, i
     occupant = {cell: i for i, cell in enumerate(position)}
 
-    def ways_on(front, behind):
-        """Free cells beyond ``front`` (not ``behind``) at the end of the corridor that starts there:
-        0 at a dead end, 2 or more at a junction."""
-        for _ in range(len(moves)):
-            ahead = [cell for cell in moves[front] if cell not in (front, behind)]
-            if len(ahead) != 1:
-                return len(ahead)
-            behind, front = front, ahead[0]
-        return 0  # a ring of corridor cells: no junction either
-
     def head_on_in_dead_end(i, j):
         """``j`` stands on ``i``'s best cell, wants ``i``'s cell, only a dead end lies behind it, and ``i``
         can back away to a junction: pushing fails, pulling works."""
         return (distance(j, position[i]) < distance(j, position[j])
-                and ways_on(position[j], position[i]) == 0 and ways_on(position[i], position[j]) >= 2)
+                and ways_on(moves, position[j], position[i]) == 0 and ways_on(moves, position[i], position[j]) >= 2)
 
     def plan(i, parent):
         options = list(moves[position[i]])
