@@ -24,7 +24,8 @@ WORKAROUND_XLA_FLAGS = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 # MAPPO's learning step for mappo_mapf_random at 32 envs: 7.7 s, 2.5 s with the flag below). Leaving reductions to XLA's
 # own emitter fixed it and slowed no training preset we timed (rlx.train, env steps/s without -> with the flag:
 # mappo_mapf_random 491 -> 1,386, mappo_mpe_spread 21.7k -> 22.7k, ppo_cartpole 242k -> 242k, ppo_minatar
-# 22.8k -> 23.1k, mapf_map_policy 662 -> 707, dreamer_cartpole 299 -> 317; 2026-12-07, 2 cores). Parts do
+# 22.8k -> 23.1k, mapf_map_policy 662 -> 707 (short runs; past compiling, 1,190 steps/s either way),
+# dreamer_cartpole 299 -> 317; 2026-12-07, 2 cores). Parts do
 # get slower, large plain sums most: MAPPO's rollout on MAPF 0.46 -> 0.52 s per update while the whole
 # update went 10.8 -> 5.5 s, and scripts/bench_mapf.py's checksum program 52 -> 82 ms (README). XLA aborts
 # on a flag it does not know, so it is only added for the jaxlib that has it.
