@@ -403,8 +403,11 @@ def make(config: Config, env, env_params) -> Agent:
         active = jnp.sum(me, (-2, -1)) > 0
         committed, actions = ~active, jnp.zeros(active.shape, jnp.int32)  # agents without a cell: nothing to do
         decided_in = jnp.full(active.shape, -1, jnp.int32)
-        sample_keys = jax.random.split(key, rounds) if rounds > 1 else [key]  # one round: the key as given
-        for k, sample_key in enumerate(sample_keys):
+        sample_keys = jax.random.split(key, rounds) if rounds > 1 else key[None]  # one round: the key as given
+
+        def decide_round(carry, round_and_key):
+            committed, actions, decided_in = carry
+            k, sample_key = round_and_key
             logits = agent_logits(cell_logits_of(policy.params, planes, me, committed, actions), me)
             if mask is not None:
                 logits = jnp.where(mask, logits, -1e9)
@@ -415,7 +418,11 @@ def make(config: Config, env, env_params) -> Agent:
             count = target - jnp.sum(committed & active, -1)
             now, actions = commit_most_confident(committed, sampled, actions, confidence, count)
             decided_in = jnp.where(now & ~committed, k, decided_in)
-            committed = now
+            return (now, actions, decided_in), None
+
+        # a loop, not K unrolled copies of the network: tracing and compiling cost one round, whatever K
+        (_, actions, decided_in), _ = jax.lax.scan(decide_round, (committed, actions, decided_in),
+                                                   (jnp.arange(rounds), sample_keys))
         return actions, decided_in
 
     def act(policy: Policy, obs, key, greedy: bool = False, mask=None):

@@ -212,18 +212,26 @@ class Programs:
         first_update = jax.ShapeDtypeStruct((), jnp.int32)
         jobs = {("chunk", n): (self._chunk_program(n), config, self.state_shape, first_update)
                 for n in sorted(set(chunk_lengths))}
-        if training:
+        self._evaluation_job = (evaluation, config, self.state_shape.policy, keys)
+        if training:  # a reloaded run (``load_trained``) compiles its evaluation only if it evaluates
             jobs["init"] = (init, config, keys)
-        jobs["evaluate"] = (evaluation, config, self.state_shape.policy, keys)
+            jobs["evaluate"] = self._evaluation_job
         if chunk_lengths:  # a training run: tiny, but compiled alongside rather than op by op afterwards
             jobs["run_keys"] = (jax.jit(partial(run_keys, num_seeds=settings.num_seeds)), 0)
             jobs["eval_keys"] = (jax.jit(partial(eval_keys, num_seeds=settings.num_seeds)),
                                  jax.ShapeDtypeStruct((2,), jnp.uint32), 0)
-        compiled = self._compile_together(jobs, run_once={"init", "run_keys", "eval_keys"})
+        compiled = self._compile_together(jobs, run_once={"init", "run_keys", "eval_keys"}) if jobs else {}
         self._init = compiled.get("init")
-        self.evaluate = compiled["evaluate"]
+        self._evaluate = compiled.get("evaluate")
         self.run_keys, self.eval_keys = compiled.get("run_keys"), compiled.get("eval_keys")
         self._chunks.update({key[1]: program for key, program in compiled.items() if isinstance(key, tuple)})
+
+    @property
+    def evaluate(self):
+        """The evaluation program: compiled with the training programs, or on first use for a reloaded run."""
+        if self._evaluate is None:
+            self._evaluate = self._compile(*self._evaluation_job)
+        return self._evaluate
 
     def _per_run(self, fn, batched: tuple, shared: tuple, out_run_axes: tuple | None = None):
         """A program from ``fn(config, *args, config_axis)``, written for a batch of runs.
