@@ -148,7 +148,8 @@ def test_reproduce_refines_a_copy_of_the_map_policy_run_once_and_keeps_both(run_
 
     source = tmp_path / "run"
     done = run_cli("+exp=mapf_map_policy", "env.options.pool_size=4", "env.options.num_agents=4",
-                   "env.options.size=[8,8]", "env.options.max_steps=24", "algo.num_steps=24", "algo.total_timesteps=192", "algo.num_envs=2", "algo.channels=[8]", "run.eval_episodes=2",
+                   "env.options.size=[8,8]", "env.options.max_steps=24", "algo.num_steps=24",
+                   "algo.total_timesteps=192", "algo.num_envs=2", "algo.channels=[8]", "run.eval_episodes=2",
                    "run.chunk_updates=4", "run.eval_every_chunks=1")
     assert done.returncode == 0, done.stderr[-2000:]
     before, progress = load_raw(source)
