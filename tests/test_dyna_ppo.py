@@ -98,7 +98,7 @@ class LinearSystem(environment.Environment):
         return spaces.Box(-1.0, 1.0, (1,), jnp.float32)
 
 
-def test_dynamics_model_recovers_a_linear_system():
+def test_dynamics_model_recovers_a_linear_system(optimised):
     env = LinearSystem()
     config = dyna_ppo.Config(
         total_timesteps=1024, num_envs=8, num_steps=32, train_ratio=1.0, num_epochs=2, ensemble_size=2,

@@ -108,7 +108,7 @@ def test_train_config_binds_the_label_file(label_dir):
             components.build(compose("config", ["+exp=pref_ppo_cartpole", "algo.teacher=file"]))
 
 
-def test_cartpole_learns_from_the_label_file_alone(label_dir):
+def test_cartpole_learns_from_the_label_file_alone(label_dir, optimised):
     """100 answers about a random policy's clips, no scripted teacher: the pole is balanced far longer."""
     arrays = P.GivenLabels(**human.given_labels(label_dir[0]))
     env = CartPole()

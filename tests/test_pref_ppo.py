@@ -270,7 +270,7 @@ def random_policy_segments(agent_reward, reward_params, length=16):
 P_SHORT = dict(total_timesteps=61440, feedback_every=2, reward_steps=50, reward_batch_size=32, normalize_rewards=True)
 
 
-def test_cartpole_from_oracle_preferences():
+def test_cartpole_from_oracle_preferences(optimised):
     env = CartPole()
     # 120 updates, at most 100 labels all asked in the first 20 updates, 50 reward-model steps of 32 pairs per
     # round, rescaled rewards, absorbing terminations: half the preset's budget (seeds 0-2 all end at 500)
