@@ -137,7 +137,7 @@ class RelabelledPool:
 
 
 @pytest.mark.parametrize("unasked, expected", [((-1, -1), (4, 4)), ((0, 0), (0, 0)), ((0, -1), (0, 4))])
-def test_steps_labelled_minus_one_never_enter_the_loss(unasked, expected):
+def test_steps_labelled_minus_one_never_enter_the_loss(unasked, expected, optimised):
     """Both agents step right four times; the expert labels steps 0 and 2 "right" and steps 1 and 3 with
     ``unasked`` (one label per agent). As -1 (not asked) those states get no loss term, and the policy carries
     "right" over to them; labelled "wait" (0) instead, the same states learn to wait, so the network can tell

@@ -139,7 +139,7 @@ def test_lacam_labels_a_few_states_per_episode_with_conflict_free_moves_and_mark
             experts.check_paths(grid, np.stack([here, here + experts.MOVES[labels[m, t]]]), goals)
 
 
-def test_reproduce_refines_a_copy_of_the_map_policy_run_once_and_keeps_both(run_cli, tmp_path):
+def test_reproduce_refines_a_copy_of_the_map_policy_run_once_and_keeps_both(run_cli, tmp_path, optimised):
     """``study.refine_copy``: DAgger writes a newer checkpoint into a copy (the behaviour-cloning run keeps its
     parameters for its own row); rerunning the same schedule is a no-op; a longer one that starts with it goes
     on from it; another one moves the old copy aside."""
