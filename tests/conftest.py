@@ -72,9 +72,9 @@ def full_optimisation():
 @pytest.fixture(autouse=True)
 def suite_compile_cache():
     """Keep every test on the suite's persistent compile cache. Entry points called in process
-    (``reproduce.main``, ``load_trained``) point JAX at the user's default cache; left there, the rest of
-    the worker's tests compiled again (pbrl_human's training test: 36 s instead of 11) and wrote into
-    the home directory."""
+    (``reproduce.main``, ``load_trained``) set JAX's cache directory to the user's default; JAX reads the
+    setting when a process first compiles, so a worker whose first compile came after such a test would
+    have compiled everything again, into the home directory."""
     yield
     import jax
 

@@ -184,7 +184,7 @@ def test_continuous_actions_adam_and_normalisation_run():
     assert agent.value(state.policy, obs).shape == (5,)
 
 
-def test_learns_cartpole_on_two_seeds():
+def test_learns_cartpole_on_two_seeds(optimised):
     """Default hyper-parameters, 60k steps: the train return of each seed is far above random (~22)."""
     from gymnax.environments.classic_control.cartpole import CartPole
 

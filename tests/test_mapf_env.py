@@ -440,39 +440,48 @@ def test_mappo_with_the_path_channel_solves_small_unseen_instances(optimised):
 
 
 @pytest.mark.parametrize("observation", ["map_defer", "map_rank", "map_corridor"])
-@pytest.mark.parametrize("symmetry", range(8))
-def test_map_planes_turn_with_the_map(symmetry, observation):
-    """``map_policy``'s ``augment`` trains on turned and mirrored samples: the planes of a turned instance
-    must be the turned planes of the original (``transform_sample`` with the env's ``move_planes``), at the
-    start and after the same (turned) random joint moves, for every ``map_defer`` channel but the tie-break
-    numbers (drawn per cell position, which a turn does not keep), and ``map_rank``'s per-move comparisons."""
+def test_map_planes_turn_with_the_map(observation):
+    """``map_policy``'s ``augment`` trains on turned and mirrored samples: for each of the 8 symmetries, the
+    planes of a turned instance must be the turned planes of the original (``transform_sample`` with the env's
+    ``move_planes``), at the start and after the same (turned) random joint moves, for every ``map_defer``
+    channel but the tie-break numbers (drawn per cell position, which a turn does not keep), and ``map_rank``'s
+    per-move comparisons. One pool holds the original and its 8 turned copies, so the environment's reset and
+    step compile once."""
     rng = np.random.default_rng(5)
     size, n = 9, 6
     grid = maps.random_map(size, 0.2, rng)
     starts, goals = maps.sample_instance(grid, n, rng)
-    turn = lambda cells: np.stack(mp.map_cells(symmetry, cells[..., 0], cells[..., 1], size), -1)  # noqa: E731
-    turned_grid = np.zeros_like(grid)
-    turned_grid[tuple(turn(np.argwhere(np.ones_like(grid))).T)] = grid.ravel()
-    pool = instances.from_instances([(grid, starts, goals), (turned_grid, turn(starts), turn(goals))], 32, num_agents=n)
+    turns = [lambda cells, s=symmetry: np.stack(mp.map_cells(s, cells[..., 0], cells[..., 1], size), -1)
+             for symmetry in range(8)]
+    drawn = [(grid, starts, goals)]
+    for turn in turns:
+        turned_grid = np.zeros_like(grid)
+        turned_grid[tuple(turn(np.argwhere(np.ones_like(grid))).T)] = grid.ravel()
+        drawn.append((turned_grid, turn(starts), turn(goals)))
+    pool = instances.from_instances(drawn, 32, num_agents=n)
     env = MapfEnv(n, 5, "soft", "nothing", pool, observation=observation)
-    permutation = np.asarray(mp.action_permutation(symmetry))
     noise = MAP_CHANNELS + PRIORITY_CHANNELS
     key = jax.random.PRNGKey(0)
-    (obs, state), (turned_obs, turned_state) = env.reset_to(0, key, pool), env.reset_to(1, key, pool)
+    reset = jax.jit(env.reset_to)
     step = jax.jit(env.step_env)  # compiled once: eager steps dispatch dozens of small programs each
-    transform = jax.jit(lambda planes, cells: mp.transform_sample(symmetry, planes, cells, jnp.zeros(n, jnp.int32),
-                                                                  env.move_planes))
-    for t in range(12):
-        planes, me = obs[0, ..., :-1], obs[..., -1]
-        cells = jnp.argmax(me.reshape(n, -1), -1)
-        expected, expected_cells, _ = transform(planes, cells)
-        keep = [c for c in range(planes.shape[-1]) if c != noise]
-        np.testing.assert_array_equal(np.asarray(turned_obs[0])[..., keep], np.asarray(expected)[..., keep],
-                                      err_msg=f"step {t}")
-        np.testing.assert_array_equal(np.argmax(turned_obs[..., -1].reshape(n, -1), -1), expected_cells)
-        actions = rng.integers(0, 5, n)
-        obs, state, *_ = step(key, state, jnp.asarray(actions), pool)
-        turned_obs, turned_state, *_ = step(key, turned_state, jnp.asarray(permutation[actions]), pool)
+    for symmetry in range(8):
+        permutation = np.asarray(mp.action_permutation(symmetry))
+        (obs, state), (turned_obs, turned_state) = reset(0, key, pool), reset(1 + symmetry, key, pool)
+        transform = jax.jit(lambda planes, cells, s=symmetry: mp.transform_sample(s, planes, cells,
+                                                                                  jnp.zeros(n, jnp.int32),
+                                                                                  env.move_planes))
+        for t in range(12):
+            planes, me = obs[0, ..., :-1], obs[..., -1]
+            cells = jnp.argmax(me.reshape(n, -1), -1)
+            expected, expected_cells, _ = transform(planes, cells)
+            keep = [c for c in range(planes.shape[-1]) if c != noise]
+            np.testing.assert_array_equal(np.asarray(turned_obs[0])[..., keep], np.asarray(expected)[..., keep],
+                                          err_msg=f"symmetry {symmetry}, step {t}")
+            np.testing.assert_array_equal(np.argmax(turned_obs[..., -1].reshape(n, -1), -1), expected_cells,
+                                          err_msg=f"symmetry {symmetry}, step {t}")
+            actions = rng.integers(0, 5, n)
+            obs, state, *_ = step(key, state, jnp.asarray(actions), pool)
+            turned_obs, turned_state, *_ = step(key, turned_state, jnp.asarray(permutation[actions]), pool)
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -88,7 +88,7 @@ def test_cartea_jaimungal_depths_are_symmetric_and_skewed():
     assert baselines.cartea_jaimungal_depths(free)[0, 30, 0] == pytest.approx(1 / 1.5, abs=1e-3)
 
 
-def test_cartea_jaimungal_beats_every_other_baseline_on_its_objective():
+def test_cartea_jaimungal_beats_every_other_baseline_on_its_objective(optimised):
     env, params = make(**CJ_PENALTIES)
     policies = {
         "cj": baselines.cartea_jaimungal(params),
