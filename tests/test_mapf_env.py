@@ -451,13 +451,15 @@ def test_map_planes_turn_with_the_map(observation):
     size, n = 9, 6
     grid = maps.random_map(size, 0.2, rng)
     starts, goals = maps.sample_instance(grid, n, rng)
-    turns = [lambda cells, s=symmetry: np.stack(mp.map_cells(s, cells[..., 0], cells[..., 1], size), -1)
-             for symmetry in range(8)]
+
+    def turn(cells, symmetry):
+        return np.stack(mp.map_cells(symmetry, cells[..., 0], cells[..., 1], size), -1)
+
     drawn = [(grid, starts, goals)]
-    for turn in turns:
+    for symmetry in range(8):
         turned_grid = np.zeros_like(grid)
-        turned_grid[tuple(turn(np.argwhere(np.ones_like(grid))).T)] = grid.ravel()
-        drawn.append((turned_grid, turn(starts), turn(goals)))
+        turned_grid[tuple(turn(np.argwhere(np.ones_like(grid)), symmetry).T)] = grid.ravel()
+        drawn.append((turned_grid, turn(starts, symmetry), turn(goals, symmetry)))
     pool = instances.from_instances(drawn, 32, num_agents=n)
     env = MapfEnv(n, 5, "soft", "nothing", pool, observation=observation)
     noise = MAP_CHANNELS + PRIORITY_CHANNELS
@@ -467,9 +469,8 @@ def test_map_planes_turn_with_the_map(observation):
     for symmetry in range(8):
         permutation = np.asarray(mp.action_permutation(symmetry))
         (obs, state), (turned_obs, turned_state) = reset(0, key, pool), reset(1 + symmetry, key, pool)
-        transform = jax.jit(lambda planes, cells, s=symmetry: mp.transform_sample(s, planes, cells,
-                                                                                  jnp.zeros(n, jnp.int32),
-                                                                                  env.move_planes))
+        transform = jax.jit(lambda planes, cells: mp.transform_sample(symmetry, planes, cells,
+                                                                      jnp.zeros(n, jnp.int32), env.move_planes))
         for t in range(12):
             planes, me = obs[0, ..., :-1], obs[..., -1]
             cells = jnp.argmax(me.reshape(n, -1), -1)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import FAST_COMPILE_FLAGS, ROOT, TEST_CACHE
+from rlx.runner import compile_cache
 
 AGENT_FILES = sorted((ROOT / "rlx" / "agents").glob("[!_]*.py"))
 ALLOWED = {"jax", "flax", "optax", "distrax", "chex", "numpy", "__future__", "dataclasses", "typing", "functools",
@@ -49,10 +50,9 @@ def test_every_agent_file_has_a_demo():
 
 
 def jax_cache_env() -> dict:
-    """JAX's own settings (no rlx code) that give a demo the suite's persistent compile cache: on a warm
-    cache each demo skips its compiles (dyna_ppo's took 29 s without, 20 s with)."""
-    return {"JAX_COMPILATION_CACHE_DIR": str(TEST_CACHE), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+    """The suite's persistent compile cache as JAX's own environment variables, which the demo reads without
+    any rlx code: on a warm cache each demo skips its compiles (dyna_ppo's took 29 s without, 20 s with)."""
+    return {name.upper(): str(value) for name, value in compile_cache.cache_settings(TEST_CACHE).items()}
 
 
 def run_alone(tmp_path, name, args, xla_flags=None):

@@ -101,6 +101,14 @@ class CacheCounter:
             self.misses += 1
 
 
+def cache_settings(cache_dir: str | os.PathLike) -> dict:
+    """JAX's configuration (by option name) that caches every compiled program at ``cache_dir``, however
+    quick to compile or small. A process that runs no rlx code takes the same from its environment, under the
+    upper-cased names (``JAX_COMPILATION_CACHE_DIR``, ...)."""
+    return {"jax_compilation_cache_dir": str(cache_dir), "jax_persistent_cache_min_compile_time_secs": 0.0,
+            "jax_persistent_cache_min_entry_size_bytes": 0}
+
+
 def enable(cache_dir: str | os.PathLike | None) -> CacheCounter:
     """Turn the persistent cache on at ``cache_dir`` (``None`` or "" disables it)."""
     import jax
@@ -109,9 +117,8 @@ def enable(cache_dir: str | os.PathLike | None) -> CacheCounter:
     jax.monitoring.register_event_listener(counter)
     if cache_dir:
         Path(cache_dir).mkdir(parents=True, exist_ok=True)
-        jax.config.update("jax_compilation_cache_dir", str(cache_dir))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        for name, value in cache_settings(cache_dir).items():
+            jax.config.update(name, value)
     return counter
 
 
