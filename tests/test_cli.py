@@ -132,11 +132,12 @@ def test_unknown_environment_name_in_config(run_cli):
                      "environments: Acrobot-v1,"),
     ],
 )
-def test_invalid_values_fail_before_compiling(run_cli, override, message, tmp_path):
-    done = run_cli("+exp=ppo_cartpole", override)
-    assert done.returncode == 2, done.stderr
-    assert message in done.stderr
-    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+def test_invalid_values_fail_before_compiling(train_in_process, override, message, tmp_path):
+    """In process (``train_in_process``): the unknown-name tests above show the one-line exit of a real process."""
+    code, stderr = train_in_process("+exp=ppo_cartpole", override)
+    assert code == 2, stderr
+    assert message in stderr
+    assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()  # stopped before training
 
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import ROOT, TEST_CACHE, with_run_defaults
 from rlx.agents import map_policy
 from rlx.envs.mapf import dagger, evaluation, experts, first_goal_distances, instances, make_mapf, tie_noise
 from rlx.envs.mapf.env import MAP_CHANNELS, PRIORITY_CHANNELS, MapfEnv, goal_pockets
@@ -139,19 +142,30 @@ def test_lacam_labels_a_few_states_per_episode_with_conflict_free_moves_and_mark
             experts.check_paths(grid, np.stack([here, here + experts.MOVES[labels[m, t]]]), goals)
 
 
-def test_reproduce_refines_a_copy_of_the_map_policy_run_once_and_keeps_both(run_cli, tmp_path, optimised):
+TINY_MAP_POLICY = ("+exp=mapf_map_policy", "env.options.pool_size=4", "env.options.num_agents=4",
+                   "env.options.size=[8,8]", "env.options.max_steps=24", "algo.num_steps=24",
+                   "algo.total_timesteps=192", "algo.num_envs=2", "algo.channels=[8]", "run.eval_episodes=2",
+                   "run.chunk_updates=4", "run.eval_every_chunks=1")
+
+
+@pytest.fixture(scope="module")
+def map_policy_run(tmp_path_factory):
+    """A tiny finished behaviour-cloning run of the map policy, trained through the command line."""
+    run_dir = tmp_path_factory.mktemp("map_policy") / "run"
+    command = [sys.executable, "-m", "rlx.train", *with_run_defaults(TINY_MAP_POLICY, run_dir, TEST_CACHE)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return run_dir
+
+
+def test_reproduce_refines_a_copy_of_the_map_policy_run_once_and_keeps_both(map_policy_run, tmp_path, optimised):
     """``study.refine_copy``: DAgger writes a newer checkpoint into a copy (the behaviour-cloning run keeps its
     parameters for its own row); rerunning the same schedule is a no-op; a longer one that starts with it goes
     on from it; another one moves the old copy aside."""
     from rlx.envs.mapf import study
     from rlx.runner.checkpoints import load_raw
 
-    source = tmp_path / "run"
-    done = run_cli("+exp=mapf_map_policy", "env.options.pool_size=4", "env.options.num_agents=4",
-                   "env.options.size=[8,8]", "env.options.max_steps=24", "algo.num_steps=24",
-                   "algo.total_timesteps=192", "algo.num_envs=2", "algo.channels=[8]", "run.eval_episodes=2",
-                   "run.chunk_updates=4", "run.eval_every_chunks=1")
-    assert done.returncode == 0, done.stderr[-2000:]
+    source = map_policy_run
     before, progress = load_raw(source)
     target = tmp_path / "refined"
     rounds = ((1, dict(rollout_maps=2, updates=2)),)
@@ -180,10 +194,16 @@ def test_reproduce_refines_a_copy_of_the_map_policy_run_once_and_keeps_both(run_
     assert len(aside) == 1 and (aside[0] / "dagger.json").exists()  # the earlier refinement is kept, moved aside
     assert load_raw(target)[1]["updates_done"] == progress["updates_done"] + 1
 
+
+def test_validation_logs_one_summary_per_run_and_agent_count(map_policy_run, optimised):
+    """``study.validate``: a summary and a log line per (run, agent count), with CSR <= ISR in [0, 1]."""
+    from rlx.envs.mapf import study
+
     lines = []
-    results = study.validate([source, target], maps=3, counts=(4,), log=lines.append)
-    assert set(results) == {(str(source), 4), (str(target), 4)} and len(lines) == 2
-    assert all(0.0 <= summary["csr"] <= summary["isr"] <= 1.0 for summary in results.values())
+    results = study.validate([map_policy_run], maps=3, counts=(4,), log=lines.append)
+    assert list(results) == [(str(map_policy_run), 4)]
+    assert len(lines) == 1 and lines[0].startswith(f"{map_policy_run} N=4: CSR ")
+    assert 0.0 <= results[(str(map_policy_run), 4)]["csr"] <= results[(str(map_policy_run), 4)]["isr"] <= 1.0
 
 
 def test_validation_maps_are_neither_test_nor_training_maps():
