@@ -30,7 +30,13 @@ class GymnasiumPolicy:
         self.discrete = hasattr(run.parts.env.action_space(run.parts.env_params), "n")
         act, init_memory = stateful_act(run.agent(point))
         policy = run.policy(point, seed)
-        self._act = jax.jit(lambda memory, obs, reset, key: act(policy, memory, obs[None], reset[None], key, greedy))
+
+        def step(memory, obs, reset, key):  # one compiled call per step: the key split and batching included
+            key, act_key = jax.random.split(key)
+            memory, action = act(policy, memory, obs[None], reset[None], act_key, greedy)
+            return memory, action[0], key
+
+        self._act = jax.jit(step)
         self._init_memory = init_memory
         self._key = jax.random.PRNGKey(key_seed)
         self.reset()
@@ -39,12 +45,10 @@ class GymnasiumPolicy:
         self._memory, self._starting = self._init_memory(1), True
 
     def __call__(self, obs):
-        import jax
-
-        self._key, key = jax.random.split(self._key)
-        self._memory, action = self._act(self._memory, np.asarray(obs, np.float32), np.array(self._starting), key)
+        self._memory, action, self._key = self._act(self._memory, np.asarray(obs, np.float32),
+                                                    np.array(self._starting), self._key)
         self._starting = False
-        action = np.asarray(action[0])
+        action = np.asarray(action)
         return int(action) if self.discrete else action.astype(np.float32)
 
 
