@@ -119,9 +119,9 @@ def run_cli(tmp_path):
 def train_in_process(tmp_path, monkeypatch, capsys):
     """``python -m rlx.train ARGS`` for runs that must stop before training (bad input), in this process.
 
-    Returns (exit code, stderr). It skips a fresh interpreter's ~3 s of imports per case; test_cli's unknown-name
-    tests check the same kind of failure through real processes. The environment (XLA_FLAGS) is restored afterwards, and
-    Hydra leaves logging alone (its handlers would outlive the test's captured streams).
+    Returns (exit code, stderr). It skips a fresh interpreter's ~3 s of imports per case; test_cli's
+    unknown-name tests check the same kind of failure through real processes. The environment (XLA_FLAGS) is
+    restored afterwards, and Hydra leaves logging alone (its handlers would outlive the test's captured streams).
     """
     import rlx.train
 
