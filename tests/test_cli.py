@@ -182,6 +182,21 @@ def test_a_failing_job_does_not_end_the_sweep(tmp_path):
     assert statuses == ["diverged", "completed"], statuses
 
 
+def test_readme_presets_table_lists_every_preset():
+    """Each ``conf/exp`` preset has a row in the README's presets table (a row may name several), and each
+    preset a row names exists."""
+    import re
+
+    section = (ROOT / "README.md").read_text().split("### Presets (`+exp=NAME`)\n", 1)[1].lstrip("\n")
+    table = section[:section.find("\n\n")].splitlines()
+    rows = [re.match(r"\| (`\w+`(?:, `\w+`)*) \|", line) for line in table[2:]]  # after header and rule
+    assert all(rows), [line for line, row in zip(table[2:], rows) if not row]
+    listed = {name for row in rows for name in re.findall(r"`(\w+)`", row.group(1))}
+    presets = {path.stem for path in (ROOT / "conf" / "exp").glob("*.yaml")}
+    assert presets - listed == set(), f"presets without a README row: {sorted(presets - listed)}"
+    assert listed - presets == set(), f"README rows naming no preset: {sorted(listed - presets)}"
+
+
 def test_help_lists_presets(run_cli):
     done = run_cli("--help")
     assert done.returncode == 0
