@@ -56,6 +56,22 @@ def test_policy_in_gymnasium_matches_gymnax_evaluation(trained):
     assert gym_returns.mean() > 30  # trained: far above a random policy's ~22
 
 
+def test_sampled_gymnasium_policy_draws_a_fresh_key_each_step_and_repeats_with_its_seed(trained):
+    """``greedy=False``: in the upright start state the partly trained policy is near 50/50, so 100 calls on the
+    same observation give both actions only if every step draws a new key; the same ``key_seed`` repeats the
+    draws, another one changes them."""
+    from rlx.export import GymnasiumPolicy
+
+    upright = np.zeros(4, np.float32)
+    policy = GymnasiumPolicy(trained, greedy=False, key_seed=3)
+    actions = [policy(upright) for _ in range(100)]
+    assert set(actions) == {0, 1}, actions
+    again = GymnasiumPolicy(trained, greedy=False, key_seed=3)
+    assert [again(upright) for _ in range(100)] == actions
+    other = GymnasiumPolicy(trained, greedy=False, key_seed=4)
+    assert [other(upright) for _ in range(100)] != actions
+
+
 def test_gymnasium_figures_are_saved_and_an_unknown_id_fails_in_one_line(trained):
     done = evaluate(f"run_dir={trained}", "episodes=2", "gymnasium=CartPole-v1")
     assert done.returncode == 0, done.stderr

@@ -42,7 +42,7 @@ def test_report_without_runs_says_so(tmp_path):
         report.write_report([tmp_path], tmp_path / "out")
 
 
-@pytest.mark.filterwarnings("error::UserWarning")  # a run without curves: no empty-legend warning
+@pytest.mark.filterwarnings("error:No artists with labels found:UserWarning")  # a run without curves
 def test_malformed_run_files_name_the_file_and_line(tmp_path, capsys):
     record = {"env_steps": 500, "eval_return": [50.0]}
     make_run(tmp_path / "run", {"env": "CartPole-v1", "final_eval": {"return_per_seed": [1.0]}}, [record, record])
