@@ -106,13 +106,11 @@ def plot_env(rows: list[Row], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    plotted = 0
     for row in rows:
         records = artifacts.read_metrics(row.run_dir / "metrics.jsonl")
         curves = artifacts.learning_curves(records, "eval_return")
         if curves is None:
             continue
-        plotted += 1
         steps, values = curves
         values = values[:, row.curve_index or 0]
         line = ax.plot(steps, np.nanmean(values, 1), label=row.label)
@@ -121,7 +119,7 @@ def plot_env(rows: list[Row], path: Path) -> None:
     ax.set_ylabel("evaluation return")
     ax.set_title(rows[0].env)
     ax.grid(alpha=0.3)
-    if plotted:
+    if ax.lines:  # some run recorded a curve
         ax.legend(loc="best", fontsize="small")
     else:
         ax.text(0.5, 0.5, "no evaluation curve recorded", ha="center", va="center", transform=ax.transAxes)

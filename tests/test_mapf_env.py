@@ -466,16 +466,16 @@ def test_map_planes_turn_with_the_map(observation):
     key = jax.random.PRNGKey(0)
     reset = jax.jit(env.reset_to)
     step = jax.jit(env.step_env)  # compiled once: eager steps dispatch dozens of small programs each
+    transform = jax.jit(lambda symmetry, planes, cells: mp.transform_sample(  # the symmetry traced: one compile
+        symmetry, planes, cells, jnp.zeros(n, jnp.int32), env.move_planes))
+    keep = [c for c in range(env.observation_space(pool).shape[-1] - 1) if c != noise]
     for symmetry in range(8):
         permutation = np.asarray(mp.action_permutation(symmetry))
         (obs, state), (turned_obs, turned_state) = reset(0, key, pool), reset(1 + symmetry, key, pool)
-        transform = jax.jit(lambda planes, cells: mp.transform_sample(symmetry, planes, cells,
-                                                                      jnp.zeros(n, jnp.int32), env.move_planes))
         for t in range(12):
             planes, me = obs[0, ..., :-1], obs[..., -1]
             cells = jnp.argmax(me.reshape(n, -1), -1)
-            expected, expected_cells, _ = transform(planes, cells)
-            keep = [c for c in range(planes.shape[-1]) if c != noise]
+            expected, expected_cells, _ = transform(symmetry, planes, cells)
             np.testing.assert_array_equal(np.asarray(turned_obs[0])[..., keep], np.asarray(expected)[..., keep],
                                           err_msg=f"symmetry {symmetry}, step {t}")
             np.testing.assert_array_equal(np.argmax(turned_obs[..., -1].reshape(n, -1), -1), expected_cells,
