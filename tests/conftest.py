@@ -99,20 +99,21 @@ def with_run_defaults(args, run_dir, cache) -> list[str]:
     return args
 
 
-@pytest.fixture
-def run_cli(tmp_path):
-    """Run ``python -m rlx.train ARGS`` in a subprocess; returns the CompletedProcess.
-
-    ``full_opt=True``: the subprocess compiles with XLA's defaults, for runs that train for many steps.
-    """
+def train_subprocess(args, run_dir, timeout=300, cache=str(TEST_CACHE), full_opt=False):
+    """Run ``python -m rlx.train ARGS`` into ``run_dir`` (unless ``args`` name their own) in a subprocess;
+    returns the CompletedProcess. ``full_opt=True``: it compiles with XLA's defaults, for runs that train for
+    many steps."""
     import subprocess
 
-    def run(*args, timeout=300, cache=str(TEST_CACHE), full_opt=False):
-        command = [sys.executable, "-m", "rlx.train", *with_run_defaults(args, tmp_path / "run", cache)]
-        env = full_opt_env() if full_opt else None
-        return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+    command = [sys.executable, "-m", "rlx.train", *with_run_defaults(args, run_dir, cache)]
+    env = full_opt_env() if full_opt else None
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
 
-    return run
+
+@pytest.fixture
+def run_cli(tmp_path):
+    """``train_subprocess`` into the test's ``tmp_path / "run"``: ``run_cli(*args, timeout=, cache=, full_opt=)``."""
+    return lambda *args, **options: train_subprocess(args, tmp_path / "run", **options)
 
 
 @pytest.fixture

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import ROOT, TEST_CACHE, with_run_defaults
+from conftest import train_subprocess
 from rlx.agents import map_policy
 from rlx.envs.mapf import dagger, evaluation, experts, first_goal_distances, instances, make_mapf, tie_noise
 from rlx.envs.mapf.env import MAP_CHANNELS, PRIORITY_CHANNELS, MapfEnv, goal_pockets
@@ -152,8 +150,7 @@ TINY_MAP_POLICY = ("+exp=mapf_map_policy", "env.options.pool_size=4", "env.optio
 def map_policy_run(tmp_path_factory):
     """A tiny finished behaviour-cloning run of the map policy, trained through the command line."""
     run_dir = tmp_path_factory.mktemp("map_policy") / "run"
-    command = [sys.executable, "-m", "rlx.train", *with_run_defaults(TINY_MAP_POLICY, run_dir, TEST_CACHE)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    done = train_subprocess(TINY_MAP_POLICY, run_dir)
     assert done.returncode == 0, done.stderr[-2000:]
     return run_dir
 
