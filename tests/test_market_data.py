@@ -1,5 +1,7 @@
 """Order-book data: the synthetic generator, the npz format, and the three CSV loaders (fixtures written here)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -63,6 +65,21 @@ def test_npz_missing_arrays_name_the_file(tmp_path):
     np.savez(tmp_path / "day_000.npz", timestamps=np.arange(3.0))
     with pytest.raises(DataError, match="day_000.npz.*missing"):
         data.load_day(tmp_path / "day_000.npz")
+
+
+def test_empty_truncated_and_misshapen_npz_files_name_themselves(tmp_path, days):
+    whole = data.save_day(days[0], tmp_path / "day_000.npz")
+    (tmp_path / "empty.npz").write_bytes(b"")
+    (tmp_path / "truncated.npz").write_bytes(whole.read_bytes()[:100])
+    for name in ("empty.npz", "truncated.npz"):
+        with pytest.raises(DataError, match=f"{name}: cannot read as .npz"):
+            data.load_day(tmp_path / name)
+    short_book = dataclasses.replace(days[0], bid_sizes=days[0].bid_sizes[:-10])
+    with pytest.raises(DataError, match="short.npz: book arrays must be.*bid_sizes"):
+        data.load_day(data.save_day(short_book, tmp_path / "short.npz"))
+    short_trades = dataclasses.replace(days[0], trade_sides=days[0].trade_sides[:-1])
+    with pytest.raises(DataError, match="trades.npz: trade arrays must be .* of one length"):
+        data.load_day(data.save_day(short_trades, tmp_path / "trades.npz"))
 
 
 def write_snapshot_csv(day: BookDay, book_path, trades_path, levels: int):
@@ -166,6 +183,8 @@ def test_lobster_empty_levels_continue_past_a_price_gap_and_one_sided_books_are_
 
 
 def test_empty_files_name_themselves_and_a_quiet_day_has_no_trades(tmp_path, days):
+    with pytest.raises(DataError, match="missing.csv: no such file"):
+        data.load_snapshot_csv(tmp_path / "missing.csv", tmp_path / "trades.csv", tick_size=0.1)
     for name in ("msg.csv", "book.csv"):
         (tmp_path / name).write_text("")
     with pytest.raises(DataError, match="msg.csv: no rows"):
@@ -211,4 +230,9 @@ def test_tardis_errors_name_the_line(tmp_path):
         data.load_tardis(tmp_path / "book.csv", tmp_path / "trades.csv", tick_size=0.5)
     (tmp_path / "book.csv").write_text(TARDIS_BOOK.replace("false,bid,100.5,5", "false,bid,101.5,5"))
     with pytest.raises(DataError, match="book.csv, line 7: crossed book"):
+        data.load_tardis(tmp_path / "book.csv", tmp_path / "trades.csv", tick_size=0.5)
+    # Rows are compared with the row before, also while one side is empty and no snapshot is taken.
+    (tmp_path / "book.csv").write_text(TARDIS_BOOK.replace("x,BTC,2000000,2000001,false,bid,100.5,5",
+                                                          "x,BTC,1500000,1500001,false,bid,100.5,5"))
+    with pytest.raises(DataError, match="book.csv, line 7: timestamp out of order"):
         data.load_tardis(tmp_path / "book.csv", tmp_path / "trades.csv", tick_size=0.5)

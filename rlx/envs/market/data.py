@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -71,6 +72,20 @@ class BookDay:
 ARRAYS = [f.name for f in dataclasses.fields(BookDay) if f.name not in ("tick_size", "name")]
 
 
+def check_shapes(day: BookDay, source: str) -> None:
+    """Raise ``DataError`` unless every book array is ``[snapshots, levels]`` and the trade arrays share a length."""
+    book = {name: getattr(day, name).shape for name in ("bid_prices", "bid_sizes", "ask_prices", "ask_sizes")}
+    expected = (len(day.timestamps), day.levels) if day.bid_prices.ndim == 2 else None
+    wrong = [f"{name} {shape}" for name, shape in book.items() if shape != expected]
+    if expected is None or wrong:
+        raise DataError(f"{source}: book arrays must be [snapshots, levels] = [{len(day.timestamps)}, L] "
+                        f"for {len(day.timestamps)} timestamps; got {', '.join(f'{n} {s}' for n, s in book.items())}")
+    trades = {name: getattr(day, name).shape for name in ("trade_times", "trade_prices", "trade_sizes", "trade_sides")}
+    if len(set(trades.values())) != 1 or len(trades["trade_times"]) != 1:
+        raise DataError(f"{source}: trade arrays must be one-dimensional and of one length; got "
+                        + ", ".join(f"{n} {s}" for n, s in trades.items()))
+
+
 def validate(day: BookDay, source: str, book_lines=None, trade_lines=None, trade_source: str | None = None) -> BookDay:
     """Raise ``DataError`` at the first bad row; ``*_lines[i]`` is the file line of row ``i`` (default i + 2)."""
     book_line = (lambda i: int(book_lines[i])) if book_lines is not None else (lambda i: i + 2)
@@ -83,6 +98,7 @@ def validate(day: BookDay, source: str, book_lines=None, trade_lines=None, trade
 
     if len(day.timestamps) < 2:
         raise DataError(f"{source}: fewer than two book snapshots")
+    check_shapes(day, source)
     fail(np.diff(day.timestamps, prepend=-np.inf) <= 0, "timestamp out of order (not after the previous row)", book_line)
     for side in ("bid", "ask"):
         sizes = getattr(day, f"{side}_sizes")
@@ -118,7 +134,7 @@ def load_day(path) -> BookDay:
             arrays = {name: stored[name] for name in ARRAYS}
             day = BookDay(**arrays, tick_size=float(stored["tick_size"]),
                           name=str(stored["name"]) if "name" in stored else path.stem)
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:  # empty or truncated files included
         if isinstance(error, DataError):
             raise
         raise DataError(f"{path}: cannot read as .npz ({error})") from error
@@ -185,6 +201,8 @@ def sides(values, path, lines, buy=("buy", "b"), sell=("sell", "s")) -> np.ndarr
 def load_snapshot_csv(book_csv, trades_csv, tick_size: float, name: str | None = None) -> BookDay:
     """The generic L2 snapshot CSV plus a trades CSV (formats in the module docstring)."""
     book_csv, trades_csv = Path(book_csv), Path(trades_csv)
+    if not book_csv.is_file():
+        raise DataError(f"{book_csv}: no such file")
     with book_csv.open() as handle:
         header = [c.strip() for c in handle.readline().split(",")]
     levels = sum(1 for c in header if c.startswith("bid_price_"))
@@ -284,7 +302,7 @@ def load_tardis(book_csv, trades_csv, tick_size: float, levels: int = 15, name: 
     for i, (timestamp, price, amount) in enumerate(values):
         if amount < 0:
             raise DataError(f"{book_csv}, line {lines[i]}: negative amount {amount}")
-        if times and timestamp < times[-1]:
+        if i and timestamp < values[i - 1, 0]:
             raise DataError(f"{book_csv}, line {lines[i]}: timestamp out of order (not after the previous row)")
         if rows[i][4].strip().lower() == "true" and (i == 0 or rows[i - 1][4].strip().lower() != "true"):
             books = {True: {}, False: {}}  # a new snapshot replaces the book
