@@ -163,6 +163,25 @@ def test_cancellations_ahead_shrink_the_queue_and_trade_through_fills_all():
     assert float(run_actions(env, params, [action_for(1, 15)])[0][3]["bid_fill"]) == 1.0
 
 
+def test_an_order_beyond_the_displayed_levels_keeps_its_queue():
+    """A bid at level 15 behind 5 lots; the book moves up a tick, so the level is out of view for a step, then back.
+    No size is shown there meanwhile, which must not read as an empty queue: 3 lots trading at its price later
+    leave 2 of the 5 ahead, and nothing fills."""
+    deepest = 1000 - (LEVELS - 1)
+    day = flat_day(8, mids=[0, 0, 1, 0, 0, 0, 0, 0], trades=[(4.5, deepest, 3.0, -1)])
+    env, params = one_day_env(day, maker_fee=0.0)
+    keep = book.DO_NOTHING
+    out = run_actions(env, params, [action_for(15, 1), keep, keep, keep])
+    assert int(out[0][0].bid.price) == deepest
+    assert [float(o[0].bid.queue) for o in out] == pytest.approx([5.0, 5.0, 5.0, 2.0])
+    assert [float(o[3]["bid_fill"]) for o in out] == [0.0, 0.0, 0.0, 0.0]
+    # Asks mirror it: the book moves down a tick, the ask at level 15 is out of view, and its queue stays.
+    day = flat_day(6, mids=[0, 0, -1, 0, 0, 0])
+    env, params = one_day_env(day, maker_fee=0.0)
+    out = run_actions(env, params, [action_for(1, 15), keep, keep])
+    assert [float(o[0].ask.queue) for o in out] == pytest.approx([5.0, 5.0, 5.0])
+
+
 def test_requoting_the_same_price_keeps_the_queue_position():
     env, params = one_day_env(flat_day(6, trades=[(1.5, 1000, 3.0, -1)]))
     out = run_actions(env, params, [action_for(1, 15), action_for(1, 5)])

@@ -281,12 +281,20 @@ class BookEnv(environment.Environment):
 
     @staticmethod
     def match(order: Order, volume, start_prices, through, next_prices, next_sizes):
-        """Fill of a resting order from the step's trades at its price; its queue and remainder after."""
+        """Fill of a resting order from the step's trades at its price; its queue and remainder after.
+
+        Cancellations ahead of the order show as a smaller displayed size at its price in the next book, so the
+        queue shrinks to that size. A price beyond the displayed levels has no size to read: the queue keeps what
+        the trades left of it. Trades are recorded at the start book's levels only, so trades at the exact price of
+        an order resting beyond them do not count (a trade through it still fills it)."""
         at_price = jnp.sum(volume * (start_prices == order.price))
         fill = jnp.where(through, order.remaining, jnp.clip(at_price - order.queue, 0.0, order.remaining))
         fill = jnp.where(order.remaining > 0, fill, 0.0)
         displayed = jnp.sum(next_sizes * (next_prices == order.price))
-        queue = jnp.minimum(jnp.maximum(order.queue - at_price, 0.0), displayed)
+        deepest = next_prices[-1]  # bids fall and asks rise with depth
+        beyond = jnp.where(next_prices[0] > deepest, order.price < deepest, order.price > deepest)
+        queue = jnp.maximum(order.queue - at_price, 0.0)
+        queue = jnp.where(beyond, queue, jnp.minimum(queue, displayed))
         return fill, order.replace(remaining=order.remaining - fill, queue=queue)
 
     @staticmethod
