@@ -173,6 +173,26 @@ def test_defaults_are_valid_and_the_ratio_is_explicit():
     assert config.num_minibatches * config.num_epochs == config.grad_steps
 
 
+def test_real_bootstraps_use_the_statistics_the_rollout_acted_with(monkeypatch):
+    """With observation normalisation, the value bootstrapped for a step's next state must be the value that state
+    got when the agent stood in it: both read the statistics from before the update refreshed them."""
+    from gymnax.environments.classic_control.cartpole import CartPole
+
+    env = CartPole()
+    config = dyna_ppo.Config(total_timesteps=128, num_envs=2, num_steps=16, normalize_observations=True,
+                             hidden_sizes=(8,), model_hidden_sizes=(8,), ensemble_size=2, num_epochs=1)
+    calls, original = [], dyna_ppo.gae
+    monkeypatch.setattr(dyna_ppo, "gae", lambda *args: calls.append(args) or original(*args))
+    agent = dyna_ppo.make(config, env, env.default_params)
+    state = agent.init(jax.random.PRNGKey(0))
+    state, _ = agent.update(state)  # refits the statistics (initially from the reset observations) on its rollout
+    rewards, values, next_values, terminated, done = map(np.asarray, calls[0][:5])  # the real batch's, first
+    assert values.shape == (16, 2)
+    continuing = ~done[:-1].astype(bool)
+    assert continuing.sum() > 20
+    np.testing.assert_allclose(next_values[:-1][continuing], values[1:][continuing], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.slow  # about 35 s; the vendoring test trains the same file to return 100 in the fast suite
 def test_cartpole_learns_from_few_real_steps():
     from gymnax.environments.classic_control.cartpole import CartPole

@@ -357,6 +357,41 @@ def test_value_is_the_denormalised_critic_output_and_dead_agents_see_only_their_
     assert np.abs(np.asarray(again[:, 0] - normalised[:, 0])).max() > 1e-4
 
 
+class GridCoop(Coop):
+    """The same game with each agent's observation as a one-row grid ``[n, 1, d]``."""
+
+    def reset_env(self, key, params):
+        obs, state = super().reset_env(key, params)
+        return obs[:, None], state
+
+    def step_env(self, key, state, actions, params):
+        obs, *rest = super().step_env(key, state, actions, params)
+        return (obs[:, None], *rest)
+
+    def observation_space(self, params):
+        space = super().observation_space(params)
+        return type(space)(space.low, space.high, (space.shape[0], 1, *space.shape[1:]), space.dtype)
+
+
+@pytest.mark.parametrize("recurrent", [False, True])
+def test_value_without_alive_flags_counts_every_agent_alive_for_grid_observations(recurrent):
+    env = GridCoop(2, 3)
+    params = env.default_params
+    agent = mappo.make(mappo.Config(hidden_sizes=(8,), recurrent=recurrent, gru_size=8), env, params)
+    policy = agent.init(jax.random.PRNGKey(0)).policy
+    obs, state = jax.vmap(env.reset, (0, None))(jax.random.split(jax.random.PRNGKey(1), 3), params)
+    world = jax.vmap(env.world_state, (0, None))(state, params)
+    alive = jnp.ones((3, 2), bool)
+    if recurrent:
+        carry, reset = agent.init_carry(3), jnp.zeros(3, bool)
+        _, given = agent.value(policy, carry, obs, world, reset, alive)
+        _, default = agent.value(policy, carry, obs, world, reset)
+    else:
+        given, default = agent.value(policy, obs, world, alive), agent.value(policy, obs, world)
+    assert given.shape == default.shape == (3, 2)
+    np.testing.assert_array_equal(default, given)
+
+
 def test_value_clip_is_centred_on_the_critics_output_when_it_acted():
     """With lr=0, one epoch and one minibatch the critic never moves, so clipping its loss changes nothing,
     although the first update moves the running statistics a long way (mean 0 -> about 0.6)."""

@@ -1,5 +1,7 @@
 """Each agent file runs alone: copied into an empty folder, it imports no rlx module and trains."""
 
+import dataclasses
+import importlib
 import re
 import shutil
 import subprocess
@@ -43,6 +45,24 @@ SHORT_DEMOS = {"dreamer.py": ("--timesteps", "64", "--small")}
 # fast-compile XLA_FLAGS), on the suite's persistent cache: with the cache warm that took the seven
 # demos measured one by one on 2 cores from 76 s to 52 s (cpl 16 s to 10 s, pref_ppo 14 s to 9 s);
 # with it cold, the slower compiles cost about as much again.
+
+
+@pytest.mark.parametrize("path", AGENT_FILES, ids=lambda p: p.name)
+def test_validate_answers_zero_or_negative_counts_with_a_value_error(path):
+    """Each integer field set to 0 or -1 is either allowed or refused by ``validate`` with a ``ValueError`` naming a
+    field: never a ``ZeroDivisionError`` from a derived count (the runner turns only ``ValueError`` into a one-line
+    config error)."""
+    agent = importlib.import_module(f"rlx.agents.{path.stem}")
+    default = agent.Config()
+    counts = [f.name for f in dataclasses.fields(default)
+              if isinstance(getattr(default, f.name), int) and not isinstance(getattr(default, f.name), bool)]
+    assert counts
+    for name in counts:
+        for value in (0, -1):
+            try:
+                agent.validate(default.replace(**{name: value}))
+            except ValueError as error:
+                assert re.match(r"\w+=", str(error)), (name, value, error)
 
 
 def test_every_agent_file_has_a_demo():

@@ -938,7 +938,8 @@ def make(config: Config, env, env_params) -> Agent:
 
         # 3. real batch: GAE on true rewards (as ppo.py); imagined batch: branches from buffer states
         real_obs = traj.policy_obs
-        next_values = apply(state.params, prepare_obs(stats.obs, traj.final_obs), method=ActorCritic.value)
+        # the statistics the rollout acted with, so that a bootstrap and the next step's own value agree
+        next_values = apply(state.params, prepare_obs(state.model_stats.obs, traj.final_obs), method=ActorCritic.value)
         advantages, targets = gae(
             traj.reward, traj.value, next_values, traj.terminated, traj.done, config.gamma, config.gae_lambda
         )

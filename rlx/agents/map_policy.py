@@ -139,7 +139,8 @@ def validate(config: Config) -> None:
         ("channels", len(config.channels) >= 1
          and all(isinstance(c, (int, np.integer)) and c >= 1 for c in config.channels),
          "needs at least one layer, every width an integer >= 1"),
-        ("total_timesteps", config.num_updates >= 1, f"must be >= one batch ({config.batch_size})"),
+        ("total_timesteps", config.batch_size >= 1 and config.num_updates >= 1,
+         f"must be >= one batch ({config.batch_size})"),
     ]
     for field, ok, rule in rules:
         if not ok:

@@ -699,6 +699,10 @@ def make(config: Config, env, env_params):
         return jnp.broadcast_to(reset, like.shape[:-1])
 
     # -- the public acting functions ----------------------------------------------------------
+    def all_alive(obs):
+        """``[..., n]`` True: the leading axes of ``obs``, without its ``obs_rank`` observation axes."""
+        return jnp.ones(obs.shape[:obs.ndim - obs_rank], bool)
+
     def act(policy: Policy, obs, key, greedy: bool = False, mask=None):
         """Actions ``[..., n]`` for observations ``[..., n, d]``; actions where ``mask`` is False never come out."""
         logits = actor_ff(unravel(policy.params), actor_in(obs))
@@ -707,7 +711,7 @@ def make(config: Config, env, env_params):
 
     def value(policy: Policy, obs, world_state, alive=None):
         """The critic's estimates ``[..., n]`` (zeros without a critic)."""
-        alive = jnp.ones(obs.shape[:-1], bool) if alive is None else alive
+        alive = all_alive(obs) if alive is None else alive
         return read_critic(unravel(policy.params), policy.value_stats, None, critic_in_of(obs, world_state, alive))[1]
 
     def act_recurrent(policy: Policy, carry, obs, reset, key, greedy: bool = False, mask=None):
@@ -718,7 +722,7 @@ def make(config: Config, env, env_params):
         return carry, dist.mode() if greedy else dist.sample(seed=key)
 
     def value_recurrent(policy: Policy, carry, obs, world_state, reset, alive=None):
-        alive = jnp.ones(obs.shape[:-1], bool) if alive is None else alive
+        alive = all_alive(obs) if alive is None else alive
         x = critic_in_of(obs, world_state, alive)
         return read_critic(unravel(policy.params), policy.value_stats, carry, x, agent_resets(reset, x))
 

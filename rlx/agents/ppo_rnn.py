@@ -108,12 +108,12 @@ def validate(config: Config) -> None:
         ("num_minibatches", config.num_minibatches >= 1, "must be >= 1"),
         (
             "num_minibatches",
-            config.num_envs % config.num_minibatches == 0,
+            config.num_minibatches >= 1 and config.num_envs % config.num_minibatches == 0,
             f"must divide num_envs={config.num_envs} (a minibatch is a group of whole environment sequences)",
         ),
         (
             "total_timesteps",
-            config.num_updates >= 1,
+            config.num_envs >= 1 and config.num_steps >= 1 and config.num_updates >= 1,
             f"must be >= one batch (num_envs*num_steps={config.batch_size})",
         ),
         ("hidden_sizes", all(isinstance(h, (int, np.integer)) and h >= 1 for h in config.hidden_sizes),

@@ -228,6 +228,7 @@ def validate(config: Config) -> None:
     Runs in Python on concrete values, before anything is traced.
     """
     seg_ok = config.segment_length >= 1 and config.num_steps >= 1 and config.num_steps % config.segment_length == 0
+    per_rollout = config.segments_per_update if seg_ok else 0  # read only once segment_length's rules hold
     rules = [
         ("lr", config.lr > 0, "must be > 0"),
         ("gamma", 0 <= config.gamma <= 1, "must be in [0, 1]"),
@@ -269,9 +270,8 @@ def validate(config: Config) -> None:
         ("segment_length", seg_ok, f"must divide num_steps={config.num_steps}"),
         (
             "pool_segments",
-            not seg_ok or config.pool_segments >= config.segments_per_update,
-            "must hold one rollout's segments num_envs*num_steps/segment_length"
-            + (f"={config.segments_per_update}" if seg_ok else ""),
+            not seg_ok or config.pool_segments >= per_rollout,
+            "must hold one rollout's segments num_envs*num_steps/segment_length" + (f"={per_rollout}" if seg_ok else ""),
         ),
         ("queries_per_feedback", config.queries_per_feedback >= 1, "must be >= 1"),
         ("num_candidates", config.num_candidates >= config.queries_per_feedback, "must be >= queries_per_feedback"),
@@ -285,9 +285,9 @@ def validate(config: Config) -> None:
         ),
         (
             "aligned_rollouts",
-            1 <= config.aligned_rollouts and config.aligned_rollouts * config.segments_per_update <= config.pool_segments,
+            1 <= config.aligned_rollouts and config.aligned_rollouts * per_rollout <= config.pool_segments,
             f"must be >= 1 and at most pool_segments / segments per rollout = "
-            f"{config.pool_segments // max(1, config.segments_per_update)}",
+            f"{config.pool_segments // max(1, per_rollout)}",
         ),
         ("pretrain_updates", config.pretrain_updates >= 0, "must be >= 0"),
         ("entropy_k", 1 <= config.entropy_k < config.batch_size, "must be in [1, num_envs*num_steps)"),
