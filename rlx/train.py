@@ -55,10 +55,55 @@ def with_hydra_defaults(argv: list[str]) -> list[str]:
     ``run.resume=DIR`` continues in ``DIR`` without touching its ``.hydra`` record.
     """
     argv = [f"+{arg}" if arg.startswith("sweep.") else arg for arg in argv]
+    argv = open_undeclared_keys(argv)
     resume = [arg.split("=", 1)[1] for arg in argv if arg.startswith("run.resume=")]
     if resume and resume[-1] not in ("", "null") and not any(arg.startswith("hydra.run.dir=") for arg in argv):
         argv += [f"hydra.run.dir={resume[-1]}", "hydra.output_subdir=null"]
     return argv
+
+
+OPEN_SECTIONS = ("algo", "run")  # sections whose every key rlx checks itself, naming the valid ones
+
+
+def declared_keys(argv: list[str], section: str) -> set[str]:
+    """The ``section`` keys that every composition ``argv`` asks for defines: those of the root config and the
+    ``+exp=`` presets, and for ``algo`` those of each chosen algorithm file (``algo=``, else the preset's, else
+    the root's default)."""
+    import yaml
+
+    def load(path: Path) -> dict:
+        return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+
+    def chosen(group: str) -> list[str]:
+        return [name for arg in argv for key, _, value in [arg.lstrip("+").partition("=")] if key == group
+                for name in value.split(",")]
+
+    def default_algo(config: dict) -> list[str]:
+        return [entry.get("override /algo", entry.get("algo")) for entry in config.get("defaults", [])
+                if isinstance(entry, dict) and {"override /algo", "algo"} & set(entry)]
+
+    root = load(CONF_DIR / "config.yaml")
+    presets = [load(CONF_DIR / "exp" / f"{name}.yaml") for name in chosen("exp")]
+    keys = set(root.get(section) or {}) | {key for preset in presets for key in preset.get(section) or {}}
+    if section == "algo":
+        algos = chosen("algo") or [name for preset in presets for name in default_algo(preset)] or default_algo(root)
+        keys |= set.intersection(*(set(load(CONF_DIR / "algo" / f"{name}.yaml")) for name in algos))
+    return keys
+
+
+def open_undeclared_keys(argv: list[str]) -> list[str]:
+    """``algo.K=V`` or ``run.K=V`` for a key that no chosen config file declares becomes ``++algo.K=V``: Hydra
+    would refuse it with a multi-line error of its own, while rlx checks every key of these sections itself (an
+    agent ``Config`` field the algo file leaves out is then accepted, a misspelt one is named with the valid
+    ones, in one line)."""
+    out = []
+    for arg in argv:
+        key, equals, _ = arg.partition("=")
+        section, dot, name = key.partition(".")
+        if equals and dot and section in OPEN_SECTIONS and "." not in name and name not in declared_keys(argv, section):
+            arg = f"++{arg}"
+        out.append(arg)
+    return out
 
 
 # Keys a resumed run may change: where it caches, how it shows progress, which directory it resumes,
@@ -107,6 +152,16 @@ def check_fresh_run_dir(run_dir: Path) -> None:
     if found:
         raise ConfigError(f"hydra.run.dir={run_dir}: already holds a run ({', '.join(found)}); train into a new "
                           f"directory, or continue that run with run.resume={run_dir}")
+
+
+def check_named_run_dir(argv: list[str]) -> None:
+    """``check_fresh_run_dir`` on a single run's ``hydra.run.dir=DIR`` before Hydra starts: Hydra writes its
+    ``.hydra/`` record there before the task runs, which would overwrite the record of the run it then refuses."""
+    if any(arg in ("-m", "--multirun") for arg in argv):
+        return
+    values = {key: value for key, _, value in (arg.partition("=") for arg in argv)}
+    if values.get("run.resume", "null") in ("", "null") and values.get("hydra.run.dir"):
+        check_fresh_run_dir(Path(values["hydra.run.dir"]))
 
 
 def make_loggers(cfg, run_dir: Path) -> tuple:
@@ -209,6 +264,10 @@ def main() -> None:
     except UnknownNameError as error:
         fail(str(error), 2)
     sys.argv[1:] = with_hydra_defaults(sys.argv[1:])
+    try:
+        check_named_run_dir(sys.argv[1:])
+    except ConfigError as error:
+        fail(str(error), 2)
     from rlx.runner import compile_cache
 
     compile_cache.set_xla_flags()

@@ -120,9 +120,13 @@ def test_unknown_environment_name_in_config(run_cli):
     "override, message",
     [
         ("algo.lr=-0.1", "algo.lr=-0.1: must be > 0"),
+        ("algo.lr=inf", "algo.lr=inf: must be finite"),
+        ("algo.adam_eps=-1.0", "algo.adam_eps=-1.0: must be > 0"),
         ("algo.num_minibatches=3", "algo.num_minibatches=3: must divide the batch num_envs*num_steps=512"),
         ("run.num_seeds=0", "run.num_seeds=0: must be >= 1"),
         ("+algo.learning_rate=0.1", "algo.learning_rate: unknown field; valid:"),
+        ("algo.learning_rate=0.1", "algo.learning_rate: unknown field; valid:"),  # no +: Hydra's error otherwise
+        ("run.seeds=3", "run.seeds: unknown field; valid:"),
         ("+env.params.gravity_x=1", "env.params.gravity_x: unknown parameter of CartPole-v1"),
         ("run.eval_greedy=maybe", "run.eval_greedy='maybe': must be true or false"),
         ("algo.torso=cnn", "algo.torso='cnn': needs HxWxC observations, this environment's have shape (4,)"),
@@ -144,7 +148,8 @@ def test_invalid_values_fail_before_compiling(train_in_process, override, messag
 def test_a_directory_that_holds_a_run_is_refused_and_left_as_it_was(run_cli, tmp_path):
     done = run_cli(*TINY)
     assert done.returncode == 0, done.stderr
-    kept = {name: (tmp_path / "run" / name).read_bytes() for name in ("metrics.jsonl", "summary.json", "config.yaml")}
+    kept = {name: (tmp_path / "run" / name).read_bytes() for name in ("metrics.jsonl", "summary.json", "config.yaml",
+                                                                       ".hydra/config.yaml", ".hydra/overrides.yaml")}
     again = run_cli(*TINY, "algo.lr=1e-3")
     assert again.returncode == 2, again.stderr
     assert f"hydra.run.dir={tmp_path / 'run'}: already holds a run (metrics.jsonl, summary.json, checkpoints)" \

@@ -212,6 +212,8 @@ def validate(config: Config) -> None:
         ("ent_coef", config.ent_coef >= 0, "must be >= 0"),
         ("vf_coef", config.vf_coef >= 0, "must be >= 0"),
         ("max_grad_norm", config.max_grad_norm > 0, "must be > 0"),
+        ("adam_eps", config.adam_eps > 0, "must be > 0"),
+        ("clip_observations", config.clip_observations > 0, "must be > 0"),
         ("model_lr", config.model_lr > 0, "must be > 0"),
         ("termination_coef", config.termination_coef >= 0, "must be >= 0"),
         ("reward_coef", config.reward_coef >= 0, "must be >= 0"),

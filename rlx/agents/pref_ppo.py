@@ -238,6 +238,8 @@ def validate(config: Config) -> None:
         ("ent_coef", config.ent_coef >= 0, "must be >= 0"),
         ("vf_coef", config.vf_coef >= 0, "must be >= 0"),
         ("max_grad_norm", config.max_grad_norm > 0, "must be > 0"),
+        ("adam_eps", config.adam_eps > 0, "must be > 0"),
+        ("clip_observations", config.clip_observations > 0, "must be > 0"),
         ("num_envs", config.num_envs >= 1, "must be >= 1"),
         ("num_steps", config.num_steps >= 1, "must be >= 1"),
         ("num_epochs", config.num_epochs >= 1, "must be >= 1"),

@@ -122,6 +122,8 @@ def build_agent_config(agent_module, values: dict):
                 value = tuple(value)
         except (TypeError, ValueError):
             raise ConfigError(f"algo.{name}={value!r}: must be a {type(default).__name__}") from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"algo.{name}={value!r}: must be finite")
         converted[name] = value
     config = dataclasses.replace(defaults, **converted)
     try:
