@@ -38,7 +38,6 @@ def check_group_choices(argv: list[str]) -> None:
                 raise UnknownNameError(kind, choice, group_choices(group))
 
 
-FAILED_JOBS: list[int] = []  # exit codes of the multirun jobs that failed in this process
 JOBS_STARTED: list[float] = []  # when each job run in this process began
 
 
@@ -275,6 +274,8 @@ def main() -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    from rlx.runner import multirun
+
     hydra_seconds = time.perf_counter() - _PROCESS_START
 
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
@@ -287,6 +288,7 @@ def main() -> None:
 
         hydra_cfg = HydraConfig.get()
         run_dir = Path(hydra_cfg.runtime.output_dir)
+        multirun.clear_failure(run_dir)
         try:
             if cfg.run.get("resume"):
                 cfg = resume_config(cfg, list(hydra_cfg.overrides.task))
@@ -298,12 +300,13 @@ def main() -> None:
                 fail(str(error), code)
             # one job's failure must not end the sweep: report it, go on, and exit non-zero at the end
             print(f"error: job {hydra_cfg.job.num} ({' '.join(hydra_cfg.overrides.task)}): {error}", file=sys.stderr)
-            FAILED_JOBS.append(code)
+            multirun.record_failure(run_dir, code, str(error))
 
     hydra_entry()
-    if FAILED_JOBS:
-        fail(f"{len(FAILED_JOBS)} job{'s' if len(FAILED_JOBS) > 1 else ''} of the sweep failed (above)",
-             max(FAILED_JOBS))
+    failed = multirun.EXIT_CODES  # set by the FailedJobs callback (conf/config.yaml) at the end of a multirun
+    if failed:
+        fail(f"{len(failed)} job{'s' if len(failed) > 1 else ''} of the sweep failed (above; each job's "
+             f"{multirun.MARKER} says why)", max(failed))
 
 
 if __name__ == "__main__":

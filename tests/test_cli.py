@@ -185,6 +185,32 @@ def test_a_failing_job_does_not_end_the_sweep(tmp_path):
     summaries = sorted((tmp_path / "multi").glob("*/summary.json"))  # job directories start with their number
     statuses = [json.loads(path.read_text())["status"] for path in summaries]
     assert statuses == ["diverged", "completed"], statuses
+    assert [path.parent for path in (tmp_path / "multi").glob("*/job_failed.json")] == [summaries[0].parent]
+
+
+def test_jobs_failing_in_the_parallel_launchers_workers_make_the_sweep_fail(tmp_path):
+    """joblib runs each job in a worker process: their failures reach the parent through each job's
+    ``job_failed.json``, so the sweep still exits non-zero (both jobs are refused before compiling)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from conftest import ROOT, TEST_CACHE
+
+    stale = tmp_path / "multi" / "old_job" / "job_failed.json"  # an earlier sweep's failure: not counted
+    stale.parent.mkdir(parents=True)
+    stale.write_text(json.dumps({"exit_code": 1, "error": "an earlier sweep's"}))
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    done = subprocess.run([sys.executable, "-m", "rlx.train", "-m", *TINY, "algo.lr=-1,-2",
+                           f"hydra.sweep.dir={tmp_path / 'multi'}", f"run.compile_cache={TEST_CACHE}",
+                           "hydra/launcher=parallel"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 2, done.stderr
+    assert "error: job 0 (" in done.stderr and "error: job 1 (" in done.stderr
+    assert "error: 2 jobs of the sweep failed" in done.stderr
+    markers = sorted((tmp_path / "multi").glob("[0-9]_*/job_failed.json"))
+    assert [json.loads(path.read_text())["error"] for path in markers] == ["algo.lr=-1.0: must be > 0",
+                                                                          "algo.lr=-2.0: must be > 0"]
 
 
 def test_readme_presets_table_lists_every_preset():
