@@ -73,12 +73,13 @@ def answered_queries(labels_path: Path, queries: dict) -> set[int]:
         return set()
     labels = read_labels(labels_path, known_segments=known_segment_ids(queries))
     ids, pairs = queries["segment_ids"], queries["pairs"]
-    for query, left, right in zip(labels["query"].tolist(), labels["left"].tolist(), labels["right"].tolist()):
+    for line, query, left, right in zip(labels["line"].tolist(), labels["query"].tolist(), labels["left"].tolist(),
+                                        labels["right"].tolist()):
         if not 0 <= query < len(pairs):
-            raise LabelError(f"{labels_path}: query {query} is not in {QUERIES_FILE} ({len(pairs)} pairs)")
+            raise LabelError(f"{labels_path}, line {line}: query {query} is not in {QUERIES_FILE} ({len(pairs)} pairs)")
         expected = (ids[pairs[query, 0]], ids[pairs[query, 1]])
         if (left, right) != expected:
-            raise LabelError(f"{labels_path}: query {query} answers segments ({left}, {right}) but {QUERIES_FILE} "
+            raise LabelError(f"{labels_path}, line {line}: query {query} answers segments ({left}, {right}) but {QUERIES_FILE} "
                              f"pairs ({expected[0]}, {expected[1]}); were the queries remade after labelling?")
     return set(labels["query"].tolist())
 

@@ -137,7 +137,7 @@ def test_other_hosts_and_form_posts_are_refused(run_dir):
 
 def test_labels_from_other_queries_are_refused_at_start(run_dir):
     (run_dir / "labels.jsonl").write_text('{"query": 0, "left": "e1-t0", "right": "e1-t0", "answer": "left"}\n')
-    with pytest.raises(LabelError, match="labels.jsonl: query 0 answers segments"):
+    with pytest.raises(LabelError, match="labels.jsonl, line 1: query 0 answers segments"):
         make_server(run_dir)
 
 

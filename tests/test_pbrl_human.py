@@ -70,8 +70,10 @@ def test_label_files_that_do_not_match_the_queries_name_the_line(label_dir, tmp_
     (tmp_path / "queries.npz").write_bytes((directory / "queries.npz").read_bytes())
     ids = queries["segment_ids"]
     left, right = queries["pairs"][3]
+    with (tmp_path / "labels.jsonl").open("w") as handle:
+        handle.write("\n\n")  # blank lines count: the error names the answer's line in the file
     append_label(tmp_path / "labels.jsonl", 0, ids[left], ids[right], "left")  # query 0 is another pair
-    with pytest.raises(ConfigError, match=r"answer 1: query 0 is not the pair"):
+    with pytest.raises(ConfigError, match=r"labels.jsonl, line 3: query 0 is not the pair"):
         human.given_labels(tmp_path)
     (tmp_path / "labels.jsonl").write_text(json.dumps({"query": 0, "left": "nope", "right": ids[0],
                                                        "answer": "left"}) + "\n")

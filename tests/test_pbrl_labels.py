@@ -38,8 +38,19 @@ def test_bad_lines_name_file_and_line(tmp_path, line, message):
 def test_undecodable_bytes_name_their_line(tmp_path):
     path = tmp_path / "labels.jsonl"
     path.write_bytes(b'{"query": 0, "left": "a", "right": "b", "answer": "right"}\n\xff\xfe{"query": 1}\n')
-    with pytest.raises(LabelError, match="labels.jsonl, line 2: not a JSON object"):
+    with pytest.raises(LabelError, match="labels.jsonl, line 2: not UTF-8 text"):
         read_labels(path)
+    # Also inside a string, where replacing the bytes would have read as a valid (wrong) segment id.
+    path.write_bytes(b'\n{"query": 0, "left": "a\xe0", "right": "b", "answer": "right"}\n')
+    with pytest.raises(LabelError, match="labels.jsonl, line 2: not UTF-8 text"):
+        read_labels(path)
+
+
+def test_answers_keep_their_file_lines(tmp_path):
+    path = tmp_path / "labels.jsonl"
+    path.write_text('\n{"query": 0, "left": "a", "right": "b", "answer": "right"}\n\n\n'
+                    '{"query": 1, "left": "b", "right": "a", "answer": "skip"}\n')
+    np.testing.assert_array_equal(read_labels(path)["line"], [2, 5])
 
 
 def test_append_rejects_an_unknown_answer_and_missing_files_are_named(tmp_path):

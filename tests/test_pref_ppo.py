@@ -51,8 +51,9 @@ def test_stochastic_teacher_huge_beta_is_oracle_and_zero_beta_is_a_coin():
     assert abs(coin.mean() - 0.5) < 0.05  # 2000 fair coins: std 0.011
 
 
-def test_skip_teacher_skips_only_when_both_returns_are_below_threshold():
+def test_skip_teacher_skips_only_when_neither_return_is_above_threshold():
     assert label_of("skip", [1, 0], [0.5, 1], teacher_skip_threshold=2.0) == (1.0, True)
+    assert label_of("skip", [1, 1], [1.5, 1.5], teacher_skip_threshold=3.0) == (1.0, True)  # 3 is not above 3
     assert label_of("skip", [1, 0], [2, 1], teacher_skip_threshold=2.0) == (1.0, False)
     assert label_of("skip", [3, 0], [0.5, 1], teacher_skip_threshold=2.0) == (0.0, False)
 
@@ -369,3 +370,18 @@ def test_brax_hopper_reference_preset_is_the_preference_preset_on_the_true_rewar
     assert {"total_timesteps", "num_envs", "hidden_sizes", "lr", "gamma", "normalize_rewards"} <= shared
     assert {field: reference.algo[field] for field in shared} == {field: preference.algo[field] for field in shared}
     assert reference.env == preference.env and reference.run == preference.run
+
+
+@pytest.mark.parametrize("shift", [False, True])
+def test_crops_keep_one_window_length_per_pair_and_shift_only_when_asked(shift):
+    ones = jnp.ones((400, 16))
+    keys = jax.random.split(jax.random.PRNGKey(0))
+    kept0, kept1 = (np.asarray(r) for r in P.crop_pair(ones, 2 * ones, *keys, min_fraction=0.5, shift=shift))
+    for kept in (kept0, kept1 / 2):
+        assert set(np.unique(kept)) <= {0.0, 1.0}
+        contiguous = np.abs(np.diff(kept, axis=1)).sum(1) <= 2  # one run of ones: at most one rise and one fall
+        assert contiguous.all()
+    np.testing.assert_array_equal(kept0.sum(1), (kept1 / 2).sum(1))  # one length for both segments of a pair
+    assert 8 <= kept0.sum(1).min() and kept0.sum(1).max() == 16 and len(np.unique(kept0.sum(1))) == 9
+    same_window = (kept0 == kept1 / 2).all(1)
+    assert same_window.all() if not shift else same_window.mean() < 0.5

@@ -125,6 +125,8 @@ class Config:
       spread evenly over the first ``FEEDBACK_SPAN`` = 80% of training).
     * ``query_policy_aligned`` (QPA) and ``crop_min_fraction`` (shortest crop, as a
       fraction of ``segment_length``; mild crops: 8 of 16 steps hurt on Pendulum);
+      ``crop_shift``: each segment of a pair is cropped at its own start, as SURF's temporal
+      crops (which QPA uses) are; off by default, one start for both, the crops our studies measured;
       ``aligned_rollouts``: QPA's candidates come from the segments of that many
       latest rollouts (1: the current policy's rollout only).
     * ``pretrain_updates`` updates of state-entropy pre-training, with the
@@ -190,6 +192,7 @@ class Config:
     selection: str = static("disagreement")
     query_policy_aligned: bool = static(False)
     crop_min_fraction: float = static(0.875)
+    crop_shift: bool = static(False)  # True: each segment of a pair cropped at its own start (SURF's crops)
     aligned_rollouts: int = static(1)
     pretrain_updates: int = static(0)
     entropy_k: int = static(5)
@@ -525,7 +528,7 @@ def teacher(config: Config, rewards0, rewards1, key):
     * ``stochastic``: label ~ Bernoulli(sigmoid(teacher_beta * (sum1 - sum0)));
     * ``mistake``: the oracle label flipped with probability ``teacher_epsilon``
       (a tie stays 0.5);
-    * ``skip``: the oracle label, skipped when both returns are below
+    * ``skip``: the oracle label, skipped when neither return is above
       ``teacher_skip_threshold``;
     * ``equal``: 0.5 when ``|sum1 - sum0| < teacher_equal_threshold``, else oracle;
     * ``myopic``: the oracle on returns weighted by ``teacher_gamma**(L-1-t)``,
@@ -547,7 +550,7 @@ def teacher(config: Config, rewards0, rewards1, key):
         flip = jax.random.bernoulli(key, config.teacher_epsilon, oracle.shape)
         label = jnp.where(flip, 1.0 - oracle, oracle)
     elif config.teacher == "skip":
-        skipped = jnp.maximum(sum0, sum1) < config.teacher_skip_threshold
+        skipped = jnp.maximum(sum0, sum1) <= config.teacher_skip_threshold  # B-Pref keeps max > threshold
     elif config.teacher == "equal":
         label = jnp.where(jnp.abs(sum1 - sum0) < config.teacher_equal_threshold, 0.5, oracle)
     elif config.teacher not in ("oracle", "myopic", "file"):
@@ -556,6 +559,18 @@ def teacher(config: Config, rewards0, rewards1, key):
 
 
 # --------------------------------------------------------------------------- reward learning
+
+
+def crop_pair(r0, r1, len_key, start_key, min_fraction: float, shift: bool):
+    """Per-step rewards ``[B, L]`` of a pair's two segments, zeroed outside a random window: one length per pair,
+    from ``min_fraction`` of L to L steps; one start for both segments, or with ``shift`` one each."""
+    batch, full = r0.shape
+    shortest = max(1, round(min_fraction * full))
+    length = jax.random.randint(len_key, (batch,), shortest, full + 1)
+    starts = jax.random.randint(start_key, (2 if shift else 1, batch), 0, full - length + 1)
+    t = jnp.arange(full)
+    windows = ((t >= starts[..., None]) & (t < (starts + length)[..., None])).astype(jnp.float32)
+    return r0 * windows[0], r1 * windows[-1]
 
 
 def bradley_terry_loss(returns0, returns1, labels, mask):
@@ -819,16 +834,9 @@ def make(config: Config, env, env_params, given_labels: GivenLabels | None = Non
         r_abs = member_params["absorbing"]
         r0 = in_segment(member_reward(member_params, obs0, act0), r_abs, abs0)  # [B, L]
         r1 = in_segment(member_reward(member_params, obs1, act1), r_abs, abs1)
-        if config.query_policy_aligned:  # QPA: one random contiguous crop per pair, on both segments
+        if config.query_policy_aligned:  # QPA: one random crop length per pair, on both segments
             len_key, start_key = jax.random.split(key)
-            batch = label.shape[0]
-            full = r0.shape[-1]
-            shortest = max(1, round(config.crop_min_fraction * full))
-            length = jax.random.randint(len_key, (batch,), shortest, full + 1)
-            start = jax.random.randint(start_key, (batch,), 0, full - length + 1)
-            t = jnp.arange(full)
-            window = ((t >= start[:, None]) & (t < (start + length)[:, None])).astype(jnp.float32)
-            r0, r1 = r0 * window, r1 * window
+            r0, r1 = crop_pair(r0, r1, len_key, start_key, config.crop_min_fraction, config.crop_shift)
         return bradley_terry_loss(r0.sum(-1), r1.sum(-1), label, mask)
 
     member_grad = jax.value_and_grad(member_loss)

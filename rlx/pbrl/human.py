@@ -40,9 +40,9 @@ def given_labels(label_dir, env_name: str | None = None) -> dict:
         raise ConfigError(f"algo.label_dir={label_dir}: {labels_path} has no answers yet")
     index = {segment: i for i, segment in enumerate(queries["segment_ids"].tolist())}
     pairs = queries["pairs"]
-    for line, (query, left, right) in enumerate(zip(answers["query"], answers["left"], answers["right"]), 1):
+    for line, query, left, right in zip(answers["line"], answers["query"], answers["left"], answers["right"]):
         if not 0 <= query < len(pairs) or tuple(pairs[query]) != (index[left], index[right]):
-            raise ConfigError(f"algo.label_dir={label_dir}: {labels_path}, answer {line}: query {query} is not "
+            raise ConfigError(f"algo.label_dir={label_dir}: {labels_path}, line {line}: query {query} is not "
                               f"the pair ({left}, {right}) of {queries_path}")
     left = np.asarray([index[s] for s in answers["left"]])
     right = np.asarray([index[s] for s in answers["right"]])

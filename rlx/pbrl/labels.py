@@ -45,19 +45,24 @@ def append_label(path, query: int, left: str, right: str, answer: str) -> None:
 
 
 def read_labels(path, known_segments=None) -> dict[str, np.ndarray]:
-    """``{"query", "left", "right", "label", "mask"}`` arrays from a label file; ``LabelError`` at the first bad line.
+    """``{"query", "left", "right", "label", "mask", "line"}`` arrays from a label file (``line``: each answer's line
+    in the file); ``LabelError`` at the first bad line.
 
     ``known_segments`` (a set of ids), when given, rejects answers about segments that do not exist.
     """
     path = Path(path)
     if not path.is_file():
         raise LabelError(f"{path}: no such label file")
-    queries, lefts, rights, labels, masks, seen = [], [], [], [], [], {}
-    with path.open(encoding="utf-8", errors="replace") as handle:  # undecodable bytes fail as bad JSON, with a line
-        for number, line in enumerate(handle, start=1):
+    queries, lefts, rights, labels, masks, lines, seen = [], [], [], [], [], [], {}
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            where = f"{path}, line {number}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise LabelError(f"{where}: not UTF-8 text ({error.reason} at byte {error.start})") from None
             if not line.strip():
                 continue
-            where = f"{path}, line {number}"
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as error:
@@ -85,5 +90,7 @@ def read_labels(path, known_segments=None) -> dict[str, np.ndarray]:
             rights.append(str(record["right"]))
             labels.append(ANSWERS[answer])
             masks.append(0.0 if answer == "skip" else 1.0)
+            lines.append(number)
     return {"query": np.asarray(queries, np.int64), "left": np.asarray(lefts), "right": np.asarray(rights),
-            "label": np.asarray(labels, np.float32), "mask": np.asarray(masks, np.float32)}
+            "label": np.asarray(labels, np.float32), "mask": np.asarray(masks, np.float32),
+            "line": np.asarray(lines, np.int64)}
