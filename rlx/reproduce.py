@@ -235,8 +235,12 @@ def reproduce(name: str, seeds: int | None, quick: bool, skip_training: bool = F
                                **extra)
     if name not in EXPERIMENTS:
         raise UnknownNameError("experiment", name, sorted({**EXPERIMENTS, **CUSTOM}))
+    if tasks:
+        raise SystemExit(f"--tasks: {name} has no tasks to choose from; it runs as a whole")
+    if skip_training:
+        raise SystemExit(f"--skip-training: {name} keeps no runs to evaluate again; it trains its presets each time")
     experiment = EXPERIMENTS[name]
-    seeds = seeds or experiment.seeds
+    seeds = experiment.seeds if seeds is None else seeds
     out = ROOT / "experiments" / name
     overrides = experiment.quick_overrides if quick else ()
     rows, run_dirs = {}, []
@@ -275,6 +279,8 @@ def main(argv: list[str] | None = None) -> None:
                         "imagination_generalization: level counts (e.g. 16,64); mapf_random: row groups (baselines, "
                         "map_policy, dagger, mappo); the others' saved rows stay")
     args = parser.parse_args(argv)
+    if args.seeds is not None and args.seeds < 1:
+        parser.error(f"--seeds {args.seeds}: must be >= 1")
     from rlx.runner import compile_cache
 
     compile_cache.prepare_command()

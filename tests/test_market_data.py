@@ -162,6 +162,10 @@ def test_lobster_files_load_with_trade_sides_and_empty_levels(tmp_path):
     (tmp_path / "book.csv").write_text("\n".join(books[:3]) + "\n")
     with pytest.raises(DataError, match="book.csv.*3 book rows for 4 messages"):
         data.load_lobster(tmp_path / "msg.csv", tmp_path / "book.csv", tick_size=0.01)
+    (tmp_path / "book.csv").write_text("\n".join(books) + "\n")
+    (tmp_path / "msg.csv").write_text("\n".join([*messages[:3], messages[3].replace("34200.5", "34200.15")]) + "\n")
+    with pytest.raises(DataError, match="msg.csv, line 4: timestamp out of order"):  # the message file's times
+        data.load_lobster(tmp_path / "msg.csv", tmp_path / "book.csv", tick_size=0.01)
 
 
 def test_lobster_empty_levels_continue_past_a_price_gap_and_one_sided_books_are_left_out(tmp_path):

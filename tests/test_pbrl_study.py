@@ -67,6 +67,12 @@ def test_reproduce_reruns_only_the_named_tasks_of_studies_that_have_them(tmp_pat
         reproduce.reproduce("mm_quoting", None, True, tasks=("Pendulum-v1",))
     with pytest.raises(SystemExit, match="--seeds: mm_quoting runs its own fixed number of seeds"):
         reproduce.reproduce("mm_quoting", 3, True)
+    with pytest.raises(SystemExit, match="--tasks: mappo_mpe has no tasks to choose from"):  # a preset table
+        reproduce.reproduce("mappo_mpe", None, True, tasks=("MAPPO",))
+    with pytest.raises(SystemExit, match="--skip-training: smax_3m keeps no runs to evaluate again"):
+        reproduce.reproduce("smax_3m", None, True, skip_training=True)
+    with pytest.raises(SystemExit, match="2"):  # argparse's usage error
+        reproduce.main(["mappo_mpe", "--seeds", "0"])
     asked = {}
     monkeypatch.setattr(query_study, "reproduce", lambda out, quick, skip, seeds=None, tasks=None: asked.update(
         seeds=seeds, tasks=tasks) or out)

@@ -257,6 +257,10 @@ def load_lobster(message_csv, orderbook_csv, tick_size: float, name: str | None 
     # Several messages can share a timestamp: keep the book after the last of them, if it has both sides
     # (as ``load_tardis`` keeps only two-sided books).
     times = messages[:, 0]
+    backwards = np.flatnonzero(np.diff(times) < 0)
+    if backwards.size:  # the times are the message file's: name its line, not the book's
+        raise DataError(f"{message_csv}, line {message_lines[backwards[0] + 1]}: timestamp out of order "
+                        "(before the previous row)")
     last = np.append(times[1:] != times[:-1], True)
     kept = last & (ask_sizes[:, 0] > 0) & (bid_sizes[:, 0] > 0)
     kept_lines = np.asarray(book_lines)[kept]
