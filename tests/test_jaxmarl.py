@@ -238,3 +238,15 @@ def test_jaxmarl_package_init_is_not_imported():
     programs("3m")
     if "jaxmarl" not in sys.modules:  # else something else imported the whole package
         assert "jaxmarl.environments.storm.storm_env" not in sys.modules
+
+
+def test_agents_spaces_count_as_one_only_with_the_same_kind_size_and_bounds():
+    from gymnax.environments import spaces
+
+    from rlx.envs.jaxmarl import _same_space
+
+    box = spaces.Box(-1.0, 1.0, (3,), jnp.float32)
+    assert _same_space(box, spaces.Box(-1.0, 1.0, (3,), jnp.float32))
+    assert not _same_space(box, spaces.Box(-2.0, 1.0, (3,), jnp.float32))  # same shape, other bounds
+    assert not _same_space(box, spaces.Box(-1.0, 1.0, (4,), jnp.float32))
+    assert _same_space(spaces.Discrete(5), spaces.Discrete(5)) and not _same_space(spaces.Discrete(5), spaces.Discrete(4))

@@ -24,8 +24,9 @@ Per family:
 * **SMAX** (any map name of ``map_name_to_scenario``: ``3m``, ``2s3z``, ...): the learning
   agents are the allies of ``HeuristicEnemySMAX`` (the scripted enemy JaxMARL trains MAPPO
   against). ``terminated[i]`` is "ally ``i`` is dead, or the battle is decided (all allies or
-  all enemies dead)"; the time limit (default 100) is ``truncated`` unless the battle was
-  decided on that step. ``info["won"]``: every enemy dead and some ally alive (a draw, both
+  all enemies dead)"; the time limit (default 100 transitions) is ``truncated`` unless the battle
+  was decided on that step (JaxMARL's own SMAX ends after 101, for the same pre-increment reason as
+  MPE's: pass ``max_steps_in_episode=101`` to reproduce it). ``info["won"]``: every enemy dead and some ally alive (a draw, both
   teams wiped out on the same step, is not a win); it is the environment's ``episode_outcomes``, so
   evaluation reports a win rate (``eval_won`` in ``metrics.jsonl``, ``won_mean`` in ``summary.json``). ``action_mask`` is JaxMARL's
   ``get_avail_actions`` (dead units may only stop), ``alive`` the allies' ``unit_alive``,
@@ -45,6 +46,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from rlx.envs.multi_agent import MultiAgentEnv, MultiAgentParams
@@ -145,7 +147,10 @@ def _gymnax_space(space):
 
 
 def _same_space(a, b) -> bool:
-    return type(a) is type(b) and getattr(a, "n", None) == getattr(b, "n", None) and tuple(a.shape) == tuple(b.shape)
+    """Whether two agents' spaces are one: the same kind and size, and for boxes the same bounds."""
+    same = type(a) is type(b) and getattr(a, "n", None) == getattr(b, "n", None) and tuple(a.shape) == tuple(b.shape)
+    return same and all(np.array_equal(np.asarray(getattr(a, bound, 0)), np.asarray(getattr(b, bound, 0)))
+                        for bound in ("low", "high"))
 
 
 class JaxMARLEnv(MultiAgentEnv):
