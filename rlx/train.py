@@ -154,12 +154,17 @@ def check_fresh_run_dir(run_dir: Path) -> None:
 
 
 def check_named_run_dir(argv: list[str]) -> None:
-    """``check_fresh_run_dir`` on a single run's ``hydra.run.dir=DIR`` before Hydra starts: Hydra writes its
-    ``.hydra/`` record there before the task runs, which would overwrite the record of the run it then refuses."""
+    """The directory checks of a single run, before Hydra starts: Hydra creates the run directory and writes its
+    ``.hydra/`` record there before the task runs. A fresh run's ``hydra.run.dir=DIR`` must not hold a run (its
+    record would be overwritten), and ``run.resume=DIR`` must be a run directory (it would be created empty)."""
     if any(arg in ("-m", "--multirun") for arg in argv):
         return
-    values = {key: value for key, _, value in (arg.partition("=") for arg in argv)}
-    if values.get("run.resume", "null") in ("", "null") and values.get("hydra.run.dir"):
+    values = {key.lstrip("+"): value for key, _, value in (arg.partition("=") for arg in argv)}
+    resume = values.get("run.resume", "null")
+    if resume not in ("", "null"):
+        if not (Path(resume) / "config.yaml").is_file():
+            raise ConfigError(f"run.resume={resume}: no config.yaml there; not an rlx run directory")
+    elif values.get("hydra.run.dir"):
         check_fresh_run_dir(Path(values["hydra.run.dir"]))
 
 

@@ -157,6 +157,13 @@ def test_a_directory_that_holds_a_run_is_refused_and_left_as_it_was(run_cli, tmp
     assert {name: (tmp_path / "run" / name).read_bytes() for name in kept} == kept
 
 
+def test_resuming_a_directory_that_is_no_run_creates_nothing(run_cli, tmp_path):
+    nowhere = tmp_path / "nowhere"  # a real process (Hydra sets up its logging), run where the resume points
+    done = run_cli(f"run.resume={nowhere}", f"hydra.run.dir={nowhere}", "logger=none")
+    assert done.returncode == 2 and "no config.yaml there" in done.stderr
+    assert not nowhere.exists()
+
+
 def test_nan_stops_with_update_number_and_keeps_files(run_cli, tmp_path):
     # A cart of zero mass divides by zero: observations, then the loss, become NaN on the first update.
     done = run_cli(*TINY, "+env.params.total_mass=0.0", "+env.params.masscart=0.0")
