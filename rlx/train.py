@@ -95,11 +95,12 @@ def open_undeclared_keys(argv: list[str]) -> list[str]:
     would refuse it with a multi-line error of its own, while rlx checks every key of these sections itself (an
     agent ``Config`` field the algo file leaves out is then accepted, a misspelt one is named with the valid
     ones, in one line)."""
+    declared = {section: declared_keys(argv, section) for section in OPEN_SECTIONS}
     out = []
     for arg in argv:
         key, equals, _ = arg.partition("=")
         section, dot, name = key.partition(".")
-        if equals and dot and section in OPEN_SECTIONS and "." not in name and name not in declared_keys(argv, section):
+        if equals and dot and section in declared and "." not in name and name not in declared[section]:
             arg = f"++{arg}"
         out.append(arg)
     return out

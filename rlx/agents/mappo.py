@@ -941,7 +941,8 @@ def make(config: Config, env, env_params):
         metrics["learning_rate"] = learning_rate(state.update_step * updates_per_iteration - 1)
         metrics["alive_fraction"] = traj.alive.mean()
         if not critic_free:
-            metrics["value_mean"] = traj.value.mean()
+            alive = traj.alive.astype(jnp.float32)  # as the losses weigh them: dead agents' values are not estimates
+            metrics["value_mean"] = (traj.value * alive).sum() / jnp.maximum(alive.sum(), 1.0)
         return state, metrics
 
     if gru:
