@@ -64,10 +64,10 @@ def with_hydra_defaults(argv: list[str]) -> list[str]:
 OPEN_SECTIONS = ("algo", "run")  # sections whose every key rlx checks itself, naming the valid ones
 
 
-def declared_keys(argv: list[str], section: str) -> set[str]:
-    """The ``section`` keys that every composition ``argv`` asks for defines: those of the root config and the
-    ``+exp=`` presets, and for ``algo`` those of each chosen algorithm file (``algo=``, else the preset's, else
-    the root's default)."""
+def declared_keys(argv: list[str]) -> dict[str, set[str]]:
+    """Per open section, the keys that every composition ``argv`` asks for defines: those of the root config and
+    the ``+exp=`` presets, and for ``algo`` those of each chosen algorithm file (``algo=``, else the preset's,
+    else the root's default)."""
     import yaml
 
     def load(path: Path) -> dict:
@@ -83,11 +83,11 @@ def declared_keys(argv: list[str], section: str) -> set[str]:
 
     root = load(CONF_DIR / "config.yaml")
     presets = [load(CONF_DIR / "exp" / f"{name}.yaml") for name in chosen("exp")]
-    keys = set(root.get(section) or {}) | {key for preset in presets for key in preset.get(section) or {}}
-    if section == "algo":
-        algos = chosen("algo") or [name for preset in presets for name in default_algo(preset)] or default_algo(root)
-        keys |= set.intersection(*(set(load(CONF_DIR / "algo" / f"{name}.yaml")) for name in algos))
-    return keys
+    declared = {section: set(root.get(section) or {}) | {key for preset in presets for key in preset.get(section) or {}}
+                for section in OPEN_SECTIONS}
+    algos = chosen("algo") or [name for preset in presets for name in default_algo(preset)] or default_algo(root)
+    declared["algo"] |= set.intersection(*(set(load(CONF_DIR / "algo" / f"{name}.yaml")) for name in algos))
+    return declared
 
 
 def open_undeclared_keys(argv: list[str]) -> list[str]:
@@ -95,7 +95,7 @@ def open_undeclared_keys(argv: list[str]) -> list[str]:
     would refuse it with a multi-line error of its own, while rlx checks every key of these sections itself (an
     agent ``Config`` field the algo file leaves out is then accepted, a misspelt one is named with the valid
     ones, in one line)."""
-    declared = {section: declared_keys(argv, section) for section in OPEN_SECTIONS}
+    declared = declared_keys(argv)
     out = []
     for arg in argv:
         key, equals, _ = arg.partition("=")
@@ -123,10 +123,8 @@ def resume_config(cfg, overrides: list[str]):
     from rlx.runner.artifacts import flatten_dict, read_metrics
 
     resume_dir = Path(cfg.run.resume)
-    saved_path = resume_dir / "config.yaml"
-    if not saved_path.is_file():
-        raise ConfigError(f"run.resume={resume_dir}: no config.yaml there; not an rlx run directory")
-    saved = OmegaConf.load(saved_path)
+    check_resumable(resume_dir)
+    saved = OmegaConf.load(resume_dir / "config.yaml")
     read_metrics(resume_dir / "metrics.jsonl")  # a malformed line fails here, before anything compiles
     if all(o.lstrip("+~").startswith(RESUME_MAY_CHANGE + ("logger=", "hydra.")) for o in overrides):
         given = {key: cfg.run[key] for key in ("compile_cache", "cpu_devices")
@@ -154,6 +152,12 @@ def check_fresh_run_dir(run_dir: Path) -> None:
                           f"directory, or continue that run with run.resume={run_dir}")
 
 
+def check_resumable(resume_dir: Path) -> None:
+    """ConfigError unless ``resume_dir`` is a run directory (it holds the run's ``config.yaml``)."""
+    if not (resume_dir / "config.yaml").is_file():
+        raise ConfigError(f"run.resume={resume_dir}: no config.yaml there; not an rlx run directory")
+
+
 def check_named_run_dir(argv: list[str]) -> None:
     """The directory checks of a single run, before Hydra starts: Hydra creates the run directory and writes its
     ``.hydra/`` record there before the task runs. A fresh run's ``hydra.run.dir=DIR`` must not hold a run (its
@@ -163,8 +167,7 @@ def check_named_run_dir(argv: list[str]) -> None:
     values = {key.lstrip("+"): value for key, _, value in (arg.partition("=") for arg in argv)}
     resume = values.get("run.resume", "null")
     if resume not in ("", "null"):
-        if not (Path(resume) / "config.yaml").is_file():
-            raise ConfigError(f"run.resume={resume}: no config.yaml there; not an rlx run directory")
+        check_resumable(Path(resume))
     elif values.get("hydra.run.dir"):
         check_fresh_run_dir(Path(values["hydra.run.dir"]))
 

@@ -175,17 +175,10 @@ def test_nan_stops_with_update_number_and_keeps_files(run_cli, tmp_path):
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == ""  # no non-finite line written
 
 
-def test_a_failing_job_does_not_end_the_sweep(tmp_path):
+def test_a_failing_job_does_not_end_the_sweep(run_cli, tmp_path):
     """Job 0 diverges (zero total mass); job 1 still trains, and the sweep exits non-zero naming job 0."""
-    import subprocess
-    import sys
-
-    from conftest import ROOT, TEST_CACHE
-
-    done = subprocess.run([sys.executable, "-m", "rlx.train", "-m", *TINY, "+env.params.total_mass=0.0,1.1",
-                           f"hydra.sweep.dir={tmp_path / 'multi'}",
-                           f"run.compile_cache={TEST_CACHE}", "hydra/launcher=basic"],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    done = run_cli("-m", *TINY, "+env.params.total_mass=0.0,1.1", f"hydra.sweep.dir={tmp_path / 'multi'}",
+                   "hydra/launcher=basic")
     assert done.returncode == 1, done.stderr
     assert "error: job 0 (" in done.stderr and "non-finite" in done.stderr
     assert "error: 1 job of the sweep failed" in done.stderr and "error: job 1" not in done.stderr
@@ -195,23 +188,17 @@ def test_a_failing_job_does_not_end_the_sweep(tmp_path):
     assert [path.parent for path in (tmp_path / "multi").glob("*/job_failed.json")] == [summaries[0].parent]
 
 
-def test_jobs_failing_in_the_parallel_launchers_workers_make_the_sweep_fail(tmp_path):
+def test_jobs_failing_in_the_parallel_launchers_workers_make_the_sweep_fail(run_cli, tmp_path):
     """joblib runs each job in a worker process: their failures reach the parent through each job's
     ``job_failed.json``, so the sweep still exits non-zero (both jobs are refused before compiling)."""
     import os
-    import subprocess
-    import sys
     import time
-
-    from conftest import ROOT, TEST_CACHE
 
     stale = tmp_path / "multi" / "old_job" / "job_failed.json"  # an earlier sweep's failure: not counted
     stale.parent.mkdir(parents=True)
     stale.write_text(json.dumps({"exit_code": 1, "error": "an earlier sweep's"}))
     os.utime(stale, (time.time() - 3600, time.time() - 3600))
-    done = subprocess.run([sys.executable, "-m", "rlx.train", "-m", *TINY, "algo.lr=-1,-2",
-                           f"hydra.sweep.dir={tmp_path / 'multi'}", f"run.compile_cache={TEST_CACHE}",
-                           "hydra/launcher=parallel"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    done = run_cli("-m", *TINY, "algo.lr=-1,-2", f"hydra.sweep.dir={tmp_path / 'multi'}", "hydra/launcher=parallel")
     assert done.returncode == 2, done.stderr
     assert "error: job 0 (" in done.stderr and "error: job 1 (" in done.stderr
     assert "error: 2 jobs of the sweep failed" in done.stderr

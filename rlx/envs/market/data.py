@@ -76,8 +76,7 @@ def check_shapes(day: BookDay, source: str) -> None:
     """Raise ``DataError`` unless every book array is ``[snapshots, levels]`` and the trade arrays share a length."""
     book = {name: getattr(day, name).shape for name in ("bid_prices", "bid_sizes", "ask_prices", "ask_sizes")}
     expected = (len(day.timestamps), day.levels) if day.bid_prices.ndim == 2 else None
-    wrong = [f"{name} {shape}" for name, shape in book.items() if shape != expected]
-    if expected is None or wrong:
+    if any(shape != expected for shape in book.values()):
         raise DataError(f"{source}: book arrays must be [snapshots, levels] = [{len(day.timestamps)}, L] "
                         f"for {len(day.timestamps)} timestamps; got {', '.join(f'{n} {s}' for n, s in book.items())}")
     trades = {name: getattr(day, name).shape for name in ("trade_times", "trade_prices", "trade_sizes", "trade_sides")}
