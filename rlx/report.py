@@ -59,13 +59,19 @@ def find_runs(paths: list[Path]) -> list[Path]:
     return runs
 
 
+# Overrides that do not change what a run learns: left out of the report's setting column.
+NOT_A_SETTING = ("hydra.", "exp=", "logger=", "hydra/", "run.compile_cache=", "run.resume=", "run.cpu_devices=")
+
+
 def hydra_overrides(run_dir: Path) -> str:
-    """The Hydra command-line overrides of a multirun job, e.g. 'env=acrobot' ('' if unknown)."""
+    """The Hydra command-line overrides of a job that change what it learns, e.g. 'env=acrobot' ('' if none
+    or unknown), written as keys (``algo.lr=1e-3``, whether given with ``+``, ``++`` or neither)."""
     overrides = run_dir / ".hydra" / "overrides.yaml"
     if not overrides.exists():
         return ""
-    lines = [line.strip()[2:] for line in overrides.read_text().splitlines() if line.strip().startswith("- ")]
-    return " ".join(o for o in lines if not o.startswith(("hydra.", "+exp=", "logger=")))
+    lines = [line.strip()[2:].lstrip("+") for line in overrides.read_text().splitlines()
+             if line.strip().startswith("- ")]
+    return " ".join(o for o in lines if not o.startswith(NOT_A_SETTING))
 
 
 def rows_of(run_dir: Path) -> list[Row]:

@@ -21,7 +21,8 @@ def test_report_rows_numbers_and_plots(tmp_path):
              {"experiment": "ppo_classic", "env": "CartPole-v1", "env_steps_per_seed": 1000, "total_seconds": 12.5,
               "final_eval": {"return_per_seed": [100.0, 300.0]}},
              [{"env_steps": 500, "eval_return": [50.0, 70.0]}, {"env_steps": 1000, "eval_return": [100.0, 300.0]}],
-             overrides=["+exp=ppo_classic", "env=cartpole"])
+             overrides=["+exp=ppo_classic", "env=cartpole", "run.compile_cache=null", "++algo.adam_eps=1e-05",
+                        "hydra/launcher=joblib"])
     make_run(tmp_path / "swept",
              {"experiment": "ppo_cartpole", "env": "CartPole-v1", "env_steps_per_seed": 2000, "total_seconds": 3.0,
               "final_eval": {}, "sweep": {"fields": ["algo.lr"], "points": [
@@ -31,7 +32,7 @@ def test_report_rows_numbers_and_plots(tmp_path):
 
     path = report.write_report([tmp_path], tmp_path / "out")
     text = path.read_text()
-    assert "| ppo_classic | CartPole-v1 | env=cartpole | 200.0 ± 100.0 | 2 | 1,000 | 12.5 |" in text
+    assert "| ppo_classic | CartPole-v1 | env=cartpole algo.adam_eps=1e-05 | 200.0 ± 100.0 | 2 | 1,000 | 12.5 |" in text
     assert "| ppo_cartpole | CartPole-v1 | lr=0.001 | 20.0 ± 8.2 | 3 | 2,000 | 3.0 |" in text
     assert "| ppo_cartpole | CartPole-v1 | lr=0.003 | 40.0 ± 0.0 | 3 | 2,000 | 3.0 |" in text
     assert (tmp_path / "out" / "curves_CartPole-v1.png").stat().st_size > 1000
