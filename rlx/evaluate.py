@@ -3,8 +3,8 @@
 Reloads a run's config and latest checkpoint, runs fresh evaluation episodes
 for every seed (and sweep point), prints return mean ± std per seed and writes
 ``evaluation.json`` into DIR. ``render=true`` also writes ``episode.gif``: one
-greedy episode of seed 0 (of the best sweep point), for environments gymnax
-can draw (classic control, MinAtar, bsuite Catch, mazes). ``gymnasium=true``
+greedy episode of seed 0 (of the best sweep point), for the single-agent environments
+gymnax can draw (classic control, MinAtar, bsuite Catch). ``gymnasium=true``
 (or ``gymnasium=ENV_ID``) also plays seed 0's policy in the matching
 Gymnasium environment through ``rlx.export.GymnasiumPolicy``.
 """
@@ -59,6 +59,23 @@ def evaluate_run(run_dir: Path, episodes: int, greedy: bool, seed: int) -> dict:
             "_run": run}
 
 
+# What gymnax's ``Visualizer`` draws (it picks a drawer by ``env.name`` and draws nothing for other names).
+DRAWABLE = ("Acrobot-v1", "CartPole-v1", "Pendulum-v1", "MountainCar-v0", "MountainCarContinuous-v0", "Catch-bsuite",
+            "Asterix-MinAtar", "Breakout-MinAtar", "Freeway-MinAtar", "Seaquest-MinAtar", "SpaceInvaders-MinAtar",
+            "Pong-misc", "PointRobot-misc", "MetaMaze-misc", "FourRooms-misc")
+
+
+def check_drawable(env, env_name: str) -> None:
+    """``ConfigError`` unless gymnax can draw ``env``: before any episode is played, instead of a blank GIF
+    (an environment gymnax has no drawer for) or a traceback (one array of rewards per agent)."""
+    from rlx.runner.evaluation import is_multi_agent
+
+    if is_multi_agent(env):
+        raise ConfigError(f"render=true: {env_name} is a multi-agent environment; gymnax draws single-agent ones only")
+    if getattr(env, "name", None) not in DRAWABLE:
+        raise ConfigError(f"render=true: gymnax cannot draw {env_name}; it draws {', '.join(DRAWABLE)}")
+
+
 def render_episode(run, point: int, path: Path, max_steps: int, seed: int) -> int:
     """Write a GIF of one greedy episode of seed 0 at ``point``; returns its length."""
     import jax
@@ -67,6 +84,8 @@ def render_episode(run, point: int, path: Path, max_steps: int, seed: int) -> in
     from rlx.runner.evaluation import stateful_act
 
     import os
+
+    check_drawable(run.parts.env, run.parts.env_name)
 
     os.environ.setdefault("SDL_AUDIODRIVER", "dummy")  # pygame draws classic control; no sound card needed
     os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")

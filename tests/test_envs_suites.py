@@ -119,6 +119,13 @@ def test_entry_resets_and_steps_under_jit_and_vmap(name):
         np.testing.assert_array_equal(time[:end, i], np.arange(1, end + 1))
 
 
+def test_options_for_an_environment_without_any_say_so_and_name_its_params():
+    """CartPole takes no options: the message used to end in an empty 'valid: ' list."""
+    with pytest.raises(ConfigError, match=r"env.options.foo: CartPole-v1 takes no env.options; its env.params are "
+                                          r"force_mag, gravity, length, .*x_threshold$"):
+        registry.make("CartPole-v1", {"foo": 1})
+
+
 @needs_brax
 def test_brax_options_reach_the_brax_environment():
     env, _ = registry.make("brax-inverted_pendulum", {"backend": "generalized"})

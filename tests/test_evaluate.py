@@ -109,3 +109,19 @@ def test_run_without_checkpoints_fails_in_one_line(tmp_path, trained):
     (tmp_path / "config.yaml").write_text((trained / "config.yaml").read_text())
     done = evaluate(f"run_dir={tmp_path}")
     assert done.returncode == 2 and f"run_dir={tmp_path}: no checkpoint directory" in done.stderr
+
+
+@pytest.mark.parametrize("name, message", [
+    ("maze", "render=true: gymnax cannot draw maze; it draws Acrobot-v1, CartPole-v1"),  # gymnax drew a blank GIF
+    ("Probe-ActionReward", "gymnax cannot draw Probe-ActionReward"),
+    ("Coop", "render=true: Coop is a multi-agent environment"),  # a traceback on its per-agent rewards
+])
+def test_render_refuses_environments_gymnax_cannot_draw(name, message):
+    from rlx.envs import registry
+    from rlx.errors import ConfigError
+    from rlx.evaluate import check_drawable
+
+    env, _ = registry.make(name)
+    with pytest.raises(ConfigError, match=message):
+        check_drawable(env, name)
+    check_drawable(*registry.make("CartPole-v1")[:1], "CartPole-v1")

@@ -102,6 +102,9 @@ def make(name: str, options: dict | None = None, **param_overrides):
             forwarded = getattr(module, "forwarded_options", lambda **_: [])(**fixed)
             accepted += [p for p in forwarded if p not in accepted and p not in fixed]
         unknown = sorted(set(options) - set(accepted))
+        if unknown and not accepted:
+            params = ", ".join(sorted(f.name for f in dataclasses.fields(constructor(**fixed).default_params)))
+            raise ConfigError(f"env.options.{unknown[0]}: {name} takes no env.options; its env.params are {params}")
         if unknown:
             raise ConfigError(f"env.options.{unknown[0]}: unknown option of {name}; valid: {', '.join(accepted)}")
     env = constructor(**arguments)
