@@ -28,6 +28,8 @@ def parse(argv: list[str]) -> dict:
                               integers=("episodes", "seed", "render_steps"), booleans=("greedy", "render"))
     if values["episodes"] < 1:
         raise ConfigError(f"episodes={values['episodes']}: must be >= 1")
+    if values["gymnasium"] is not None and values["gymnasium"].lower() == "false":
+        values["gymnasium"] = None  # a Gymnasium id otherwise: true, or the id of the environment to play
     values["run_dir"] = Path(values["run_dir"])
     return values
 
@@ -133,6 +135,7 @@ def main(argv: list[str] | None = None) -> None:
                 outcomes = "".join(f", {name} {share:.0%}" for name, share in figures.items() if name not in ("mean", "std"))
                 print(f"  seed {seed}: {figures['mean']:.1f} ± {figures['std']:.1f}{outcomes} over {options['episodes']} episodes")
         out = options["run_dir"] / "evaluation.json"
+        out.write_text(json.dumps(result, indent=2) + "\n")  # kept should the Gymnasium play below fail
         if options["gymnasium"]:
             from rlx.export import GymnasiumPolicy, gymnasium_returns
 
@@ -143,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
                                    "mean": float(returns.mean()), "std": float(returns.std())}
             print(f"Gymnasium {env_id or result['env']} (seed 0): {returns.mean():.1f} ± {returns.std():.1f} "
                   f"over {options['episodes']} episodes")
-        out.write_text(json.dumps(result, indent=2) + "\n")  # with the Gymnasium figures, where asked for
+            out.write_text(json.dumps(result, indent=2) + "\n")  # now with the Gymnasium figures
         if options["render"]:
             gif = options["run_dir"] / "episode.gif"
             length = render_episode(run, result["best_point"], gif, options["render_steps"], options["seed"])

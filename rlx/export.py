@@ -26,6 +26,8 @@ class GymnasiumPolicy:
             point = best_point(run_dir)
         if not 0 <= seed < run.parts.settings.num_seeds:
             raise ValueError(f"seed={seed}: the run has seeds 0..{run.parts.settings.num_seeds - 1}")
+        if not 0 <= point < run.parts.grid.size:  # jax would clamp an index out of range, silently
+            raise ValueError(f"point={point}: the run has sweep points 0..{run.parts.grid.size - 1}")
         self.env_name = run.parts.env_name
         self.discrete = hasattr(run.parts.env.action_space(run.parts.env_params), "n")
         act, init_memory = stateful_act(run.agent(point))

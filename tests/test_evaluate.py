@@ -125,3 +125,21 @@ def test_render_refuses_environments_gymnax_cannot_draw(name, message):
     with pytest.raises(ConfigError, match=message):
         check_drawable(env, name)
     check_drawable(*registry.make("CartPole-v1")[:1], "CartPole-v1")
+
+
+def test_gymnasium_false_is_off_and_a_failed_gymnasium_play_keeps_the_fresh_evaluation(trained):
+    (trained / "evaluation.json").unlink(missing_ok=True)
+    done = evaluate(f"run_dir={trained}", "episodes=2", "gymnasium=False")  # used to be taken as the id "False"
+    assert done.returncode == 0, done.stderr
+    assert "gymnasium" not in json.loads((trained / "evaluation.json").read_text())
+    (trained / "evaluation.json").unlink()
+    done = evaluate(f"run_dir={trained}", "episodes=3", "gymnasium=NoSuchEnv-v0")
+    assert done.returncode == 2 and "NoSuchEnv-v0" in done.stderr
+    assert json.loads((trained / "evaluation.json").read_text())["episodes_per_seed"] == 3
+
+
+def test_gymnasium_policy_refuses_a_sweep_point_the_run_lacks(trained):
+    from rlx.export import GymnasiumPolicy
+
+    with pytest.raises(ValueError, match=r"point=1: the run has sweep points 0..0"):
+        GymnasiumPolicy(trained, point=1)

@@ -240,3 +240,22 @@ def test_wandb_that_cannot_start_never_stops_the_run(tmp_path):
     assert "warning: wandb disabled:" in done.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["updates"] == 8
+
+
+@pytest.mark.parametrize("summary, exit_code", [({"status": "completed"}, 0), ({"status": "diverged"}, 1), (None, 1)])
+def test_wandb_marks_diverged_and_crashed_runs_failed(summary, exit_code):
+    """A run stopped by a NaN (its process exits 1) used to be closed in wandb as a success."""
+    from rlx.runner.wandb_logger import WandbLogger
+
+    class FakeRun:
+        def __init__(self):
+            self.summary, self.exit_code = {}, None
+
+        def finish(self, exit_code):
+            self.exit_code = exit_code
+
+    logger = WandbLogger.__new__(WandbLogger)
+    logger._run, logger._warn = FakeRun(), print
+    run = logger._run
+    logger.finish(summary, [])
+    assert run.exit_code == exit_code

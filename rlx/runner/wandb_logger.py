@@ -65,7 +65,8 @@ class WandbLogger:
             self._fail(error)
 
     def finish(self, summary: dict | None, images: list[Path]) -> None:
-        """Images and the flattened summary, then close the run (also after a crash: ``summary`` None)."""
+        """Images and the flattened summary, then close the run: failed after a crash (``summary`` None) or a
+        divergence (the summary's ``status``)."""
         if self._run is None:
             return
         try:
@@ -74,7 +75,8 @@ class WandbLogger:
                     self._run.log({f"plots/{image.stem}": self._wandb.Image(str(image))})
             if summary is not None:
                 self._run.summary.update(flat_scalars(summary))
-            self._run.finish(exit_code=0 if summary is not None else 1)
+            failed = summary is None or summary.get("status") == "diverged"
+            self._run.finish(exit_code=1 if failed else 0)
         except Exception as error:  # noqa: BLE001
             self._fail(error)
 
