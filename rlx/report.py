@@ -1,8 +1,10 @@
 """``python -m rlx.report DIR... [--out OUT]``: runs and sweeps -> report.md and comparison plots.
 
 Each DIR may be a run directory, a Hydra multirun directory or any folder
-above them; every ``summary.json`` below it is one run. A run with an
-in-program sweep contributes one row (and one curve) per grid point.
+above them; every run below it is one row (one per grid point for a run with an
+in-program sweep). Runs that did not finish are rows too, with their status:
+diverged (a NaN, at which update), failed (a sweep job's ``job_failed.json``)
+or unfinished (a config and metrics but no summary: killed, or still running).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 
 from rlx.errors import ConfigError, InputError
 from rlx.runner import artifacts
+from rlx.runner.multirun import MARKER
 
 
 def t_interval(values) -> float:
@@ -37,7 +40,9 @@ class Row:
     experiment: str
     env: str
     setting: str  # the swept values (in-program sweep and Hydra overrides), "" for none
-    returns: list  # final evaluation return per seed
+    status: str  # completed, reached_stop_at_return, diverged at update N, failed (exit N): ..., unfinished
+    returns: list  # final evaluation return per seed (None for a non-finite one); empty without a final evaluation
+    seeds: int  # seeds trained, also when there are no returns to show
     env_steps: int
     wall_seconds: float
     curve_index: int | None  # grid point in metrics.jsonl, None when not swept
@@ -47,16 +52,25 @@ class Row:
         return f"{self.experiment} {self.setting}".strip()
 
 
+def is_run_dir(path: Path) -> bool:
+    """A run's directory: finished (``summary.json``), a failed sweep job (``job_failed.json``), or started
+    (its ``config.yaml`` and ``metrics.jsonl``; wandb's own folders hold a config.yaml but no metrics)."""
+    return any((path / name).exists() for name in ("summary.json", MARKER)) or (
+        (path / "config.yaml").exists() and (path / "metrics.jsonl").exists())
+
+
 def find_runs(paths: list[Path]) -> list[Path]:
-    """Run directories (holding summary.json) under the given paths, in a stable order."""
-    runs = []
+    """Run directories under the given paths, each once, in a stable order."""
+    runs: dict[Path, None] = {}
     for path in paths:
         if not path.exists():
             raise SystemExit(f"error: {path}: no such directory")
-        runs += sorted({p.parent for p in path.rglob("summary.json")})
+        candidates = {p.parent for name in ("summary.json", MARKER, "config.yaml") for p in path.rglob(name)}
+        runs.update((run.resolve(), None) for run in sorted(candidates) if is_run_dir(run))
     if not runs:
-        raise SystemExit(f"error: no summary.json under {', '.join(map(str, paths))}; nothing to report")
-    return runs
+        raise SystemExit(f"error: no run (summary.json, or config.yaml with metrics.jsonl) under "
+                         f"{', '.join(map(str, paths))}; nothing to report")
+    return list(runs)
 
 
 # Overrides that do not change what a run learns: left out of the report's setting column.
@@ -74,33 +88,95 @@ def hydra_overrides(run_dir: Path) -> str:
     return " ".join(o for o in lines if not o.startswith(NOT_A_SETTING))
 
 
-def rows_of(run_dir: Path) -> list[Row]:
+def read_object(path: Path) -> dict:
+    """A JSON object file, or a one-line ``ConfigError`` naming it."""
     try:
-        summary = json.loads((run_dir / "summary.json").read_text())
+        value = json.loads(path.read_text())
     except json.JSONDecodeError as error:
-        raise ConfigError(f"{run_dir / 'summary.json'}: not valid JSON ({error})") from None
+        raise ConfigError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path}: not an rlx run file (a JSON object)")
+    return value
+
+
+def unfinished_summary(run_dir: Path) -> dict:
+    """What a run without ``summary.json`` tells of itself: its config (experiment, env, seeds), the steps of
+    its last metrics line, and why it stopped (a sweep job's ``job_failed.json``) or that it did not."""
+    from omegaconf import OmegaConf
+
+    summary = {"status": "unfinished"}
+    if (run_dir / "config.yaml").exists():
+        config = OmegaConf.load(run_dir / "config.yaml")
+        summary.update(experiment=OmegaConf.select(config, "exp_name", default="?"),
+                       env=OmegaConf.select(config, "env.name", default="?"),
+                       num_seeds=OmegaConf.select(config, "run.num_seeds", default=0))
+    records = artifacts.read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
+    if records:
+        summary["env_steps_per_seed"] = records[-1].get("env_steps", 0)
+    if (run_dir / MARKER).exists():
+        failure = read_object(run_dir / MARKER)
+        error = str(failure.get("error", "")).splitlines()[0] if failure.get("error") else ""
+        summary["status"] = f"failed (exit {failure.get('exit_code', '?')}): {error}".rstrip(": ")
+    return summary
+
+
+def status_of(summary: dict) -> str:
+    if summary.get("status") == "diverged":
+        return f"diverged at update {summary.get('diverged_at_update', '?')}"
+    return summary.get("status", "completed")
+
+
+def returns_of(entry: dict, where: Path) -> list:
+    returns = entry.get("return_per_seed", [])
+    if not isinstance(returns, list):
+        raise ConfigError(f"{where}: return_per_seed is not a list")
+    return returns
+
+
+def rows_of(run_dir: Path) -> list[Row]:
+    path = run_dir / "summary.json"
+    summary = read_object(path) if path.exists() else unfinished_summary(run_dir)
+    final = summary.get("final_eval") or {}
     common = dict(run_dir=run_dir, experiment=summary.get("experiment", "?"), env=summary.get("env", "?"),
-                  env_steps=summary.get("env_steps_per_seed", 0), wall_seconds=summary.get("total_seconds", 0.0))
+                  status=status_of(summary), env_steps=summary.get("env_steps_per_seed", 0),
+                  wall_seconds=summary.get("total_seconds", 0.0))
     overrides = hydra_overrides(run_dir)
     if "sweep" not in summary:
-        final = summary.get("final_eval") or {}
-        return [Row(setting=overrides, returns=final.get("return_per_seed", []), curve_index=None, **common)]
+        returns = returns_of(final, path)
+        return [Row(setting=overrides, returns=returns, seeds=len(returns) or summary.get("num_seeds", 0),
+                    curve_index=None, **common)]
     rows = []
-    for index, point in enumerate(summary["sweep"]["points"]):
-        values = ", ".join(f"{k.split('.', 1)[1]}={v:g}" for k, v in point["point"].items())
-        rows.append(Row(setting=f"{overrides} {values}".strip(), returns=point["return_per_seed"],
-                        curve_index=index, **common))
+    for index, point in enumerate(summary["sweep"].get("points", [])):
+        values = ", ".join(f"{k.split('.', 1)[1]}={v:g}" for k, v in point.get("point", {}).items())
+        returns = returns_of(point, path)
+        rows.append(Row(setting=f"{overrides} {values}".strip(), returns=returns,
+                        seeds=len(returns) or summary.get("num_seeds", 0), curve_index=index, **common))
     return rows
 
 
+def return_cells(returns: list) -> tuple[str, str]:
+    """The table's "mean ± std" and "95% CI" cells over the seeds with a finite return (a NaN is saved as
+    None), saying how many seeds were not finite."""
+    values = np.array([np.nan if r is None else r for r in returns], dtype=float)
+    finite = values[np.isfinite(values)]
+    if not finite.size:
+        return ("—" if not values.size else f"— ({values.size} of {values.size} seeds non-finite)"), "—"
+    result = f"{finite.mean():.1f} ± {finite.std():.1f}"
+    if finite.size < values.size:
+        result += f" ({values.size - finite.size} of {values.size} seeds non-finite)"
+    interval = t_interval(finite)
+    return result, ("—" if np.isnan(interval) else f"± {interval:.1f}")
+
+
 def markdown_table(rows: list[Row]) -> str:
-    lines = ["| experiment | env | setting | final return (mean ± std over seeds) | seeds | env steps per seed | wall s |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| experiment | env | setting | status | final return (mean ± std over seeds) | 95% CI of the mean | "
+             "seeds | env steps per seed | wall s |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
-        returns = np.asarray(row.returns, dtype=float)
-        result = f"{returns.mean():.1f} ± {returns.std():.1f}" if returns.size else "—"
-        lines.append(f"| {row.experiment} | {row.env} | {row.setting or '—'} | {result} | {returns.size} | "
-                     f"{row.env_steps:,} | {row.wall_seconds:.1f} |")
+        result, interval = return_cells(row.returns)
+        status = row.status.replace("|", "\\|")
+        lines.append(f"| {row.experiment} | {row.env} | {row.setting or '—'} | {status} | {result} | {interval} | "
+                     f"{row.seeds} | {row.env_steps:,} | {row.wall_seconds:.1f} |")
     return "\n".join(lines) + "\n"
 
 
