@@ -189,10 +189,13 @@ def test_multirun_with_the_parallel_launcher_then_report(tmp_path):
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     table = (sweep_dir / "report.md").read_text()
+    from rlx.report import t_interval
+
     for job, env in zip(jobs, ("CartPole-v1", "Acrobot-v1")):
         returns = json.loads((sweep_dir / job / "summary.json").read_text())["final_eval"]["return_per_seed"]
         assert f"| ppo_cartpole | {env} | " in table and f"env={env.split('-')[0].lower()}" in table
-        assert f" | {np.mean(returns):.1f} ± {np.std(returns):.1f} | 2 | 2,048 | " in table
+        interval = t_interval(returns)
+        assert f" | completed | {np.mean(returns):.1f} ± {np.std(returns):.1f} | ± {interval:.1f} | 2 | 2,048 | " in table
     assert (sweep_dir / "curves_CartPole-v1.png").exists() and (sweep_dir / "curves_Acrobot-v1.png").exists()
 
 
