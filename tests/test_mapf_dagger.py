@@ -428,6 +428,9 @@ def test_self_imitation_picks_each_maps_fastest_solved_attempt_or_its_first():
     chosen, own = dagger.best_attempts(solved, positions, goals, present, attempts=3)
     np.testing.assert_array_equal(chosen, [2, 3])
     np.testing.assert_array_equal(own, [True, False])
+    # solved only by its last step, so its recorded states never show every agent on goal: still the pick
+    last_step = dagger.best_attempts(np.array([False, True]), positions[[0, 0]], goals[:2], present[:2], attempts=2)
+    np.testing.assert_array_equal(last_step[0], [1])
     with pytest.raises(ValueError, match="attempts"):
         dagger.refine("unused", attempts=0)
 

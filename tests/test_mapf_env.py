@@ -40,7 +40,10 @@ def test_movingai_parser_reads_a_map_and_names_file_and_line_of_errors(tmp_path)
     with pytest.raises(ConfigError, match=r"absent.map: no such map file"):
         maps.parse_movingai(tmp_path / "absent.map")
     for name, content, message in (
-            ("zero.map", b"type octile\nheight 0\nwidth 3\nmap\n", r"zero.map:4: header needs a positive integer 'height'"),
+            ("zero.map", b"type octile\nheight 0\nwidth 3\nmap\n", r"zero.map:2: header needs a positive integer 'height'"),
+            ("word.map", b"type octile\nheight x\nwidth 3\nmap\n...\n", r"word.map:2: header needs a positive integer"),
+            ("long.map", b"type octile\nheight 1\nwidth 3\nmap\n...\n...\nxyz\n\n",  # used to read row 1 only
+             r"long.map:6: text after the 1 map rows the header declares"),
             ("binary.map", b"type octile\nheight 1\nwidth 2\nmap\n.\xff\n", r"binary.map:5: not text: byte 0xff"),
             ("empty.map", b"", r"empty.map: empty file")):
         (tmp_path / name).write_bytes(content)
@@ -78,6 +81,9 @@ def test_impossible_instance_settings_fail_instead_of_drawing_forever():
     short, long = (instances.random_pool(2, 2, size=(6, 6), max_steps_in_episode=t) for t in (16, 256))
     with pytest.raises(ConfigError, match=r"merge_pools: the pools differ in max_steps_in_episode \(16, 256\)"):
         instances.merge_pools([short, long])
+    small, large = (instances.random_pool(2, 2, size=(side, side)) for side in (6, 8))
+    with pytest.raises(ConfigError, match=r"merge_pools: the pools differ in map shape \(\(6, 6\), \(8, 8\)\)"):
+        instances.merge_pools([small, large])
 
 
 def test_maze_is_connected_and_warehouse_has_shelves():

@@ -288,6 +288,23 @@ def test_lifelong_pibt_is_valid_and_the_restart_environment_counts_the_same_arri
     np.testing.assert_allclose(metrics["throughput"] * horizon, reached)
 
 
+@pytest.mark.parametrize("sequence", [[[0, 3], [1, 3], [0, 3]], [[0, 3]]], ids=["wraps_onto_its_goal", "one_goal"])
+def test_lifelong_pibt_counts_a_goal_handed_out_under_foot_as_the_environment_does(sequence):
+    """A cyclic sequence A, B, A hands out A again on A (and a one-goal sequence hands out its goal on it):
+    ``restart`` mode earns it only by leaving and coming back, and PIBT used to count it at once, 18
+    arrivals to the environment's 10 here, then aimed at goals the environment had not handed out."""
+    from rlx.envs.mapf import evaluation, instances
+    from rlx.envs.mapf.env import MapfEnv
+
+    grid, starts, horizon = maps.from_strings(["....", "...."]), np.array([[0, 0]], np.int32), 20
+    goals = np.array([sequence], np.int32)
+    solution = experts.pibt(grid, starts, goals, horizon, lifelong=True)
+    pool = instances.from_instances([(grid, starts, goals)], horizon, num_agents=1)
+    metrics = evaluation.evaluate_actions(MapfEnv(1, 2, "soft", "restart", pool), pool,
+                                          experts.joint_actions([solution], horizon, 1))
+    assert solution.goals_reached == round(float(metrics["throughput"][0]) * horizon) == len(sequence)
+
+
 @settings(max_examples=30, deadline=None)
 @given(**instance_strategy)
 def test_pibt_shield_turns_any_preferences_into_a_conflict_free_step(seed, side, density, agents):

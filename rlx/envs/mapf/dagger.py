@@ -226,9 +226,11 @@ def best_attempts(solved: np.ndarray, positions: np.ndarray, goals: np.ndarray, 
     [maps])``, the index of the map's fastest solved attempt (``own`` True), or of its first attempt when none
     solved it (``own`` False: the teacher labels that one). ``solved [M]``, ``positions [M, T, n, 2]``,
     ``goals [M, n, 2]``, ``present [M, n]``, M = maps x ``attempts``; an attempt's length is the first step at
-    which every used agent stands on its goal."""
+    which every used agent stands on its goal (T for one solved by its last step, whose end state ``positions``,
+    the states actions were chosen in, does not hold)."""
     done = np.all(np.all(positions == goals[:, None], -1) | ~present[:, None], -1)  # [M, T]
-    length = np.where(done.any(1) & solved, done.argmax(1), np.iinfo(np.int32).max).reshape(-1, attempts)
+    length = np.where(done.any(1), done.argmax(1), positions.shape[1])
+    length = np.where(solved, length, np.iinfo(np.int32).max).reshape(-1, attempts)
     fastest = length.argmin(1)
     own = solved.reshape(-1, attempts).any(1)
     chosen = np.arange(len(own)) * attempts + np.where(own, fastest, 0)

@@ -324,7 +324,9 @@ def pibt(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps: 
     ``lifelong``: ``goals`` are sequences ``[n, K, 2]``. An agent standing on
     its goal after a step takes the next goal of its sequence (cyclically, as
     ``MapfEnv``'s ``restart`` mode does) and drops back to the lowest
-    priority; the run lasts all ``max_steps`` and counts the arrivals.
+    priority; the run lasts all ``max_steps`` and counts the arrivals (a next
+    goal on the agent's own cell, as the environment does, only after it has
+    left that cell and come back).
 
     ``tiebreak``: how agents equally long away from their goals are ordered:
     ``random`` (a random order per run, as the paper does) or ``index`` (lower
@@ -354,6 +356,9 @@ def pibt(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps: 
     moves = neighbour_table(blocked)
     index = np.zeros(n, np.int64)
     goal = [tuple(map(int, sequences[i, 0])) for i in range(n)]
+    # Lifelong: a next goal handed out on the agent's own cell counts only once the agent has left it and come
+    # back, as ``MapfEnv``'s ``restart`` mode counts it (no arrival for waiting on it).
+    under_foot = [False] * n
     position = [tuple(map(int, s)) for s in starts]
     priority = tiebreakers(n, tiebreak, rng)
     paths, reached = [list(position)], 0
@@ -377,9 +382,12 @@ def pibt(blocked: np.ndarray, starts: np.ndarray, goals: np.ndarray, max_steps: 
         paths.append(list(position))
         if lifelong:
             for i in range(n):
-                if position[i] == goal[i]:
+                arriving = position[i] == goal[i] and not under_foot[i]
+                under_foot[i] = position[i] == goal[i]  # still standing on a goal handed out under foot
+                if arriving:
                     index[i] = (index[i] + 1) % sequences.shape[1]
                     goal[i] = tuple(map(int, sequences[i, index[i]]))
+                    under_foot[i] = goal[i] == position[i]
                     priority[i] %= 1
                     reached += 1
     paths = np.array(paths, np.int64)

@@ -173,7 +173,10 @@ def lifelong_instances(count: int, num_agents: int, goals_per_agent: int, seed: 
     After the first goal, each next goal is a uniformly drawn free cell of the
     agent's component other than its previous goal (as POGEMA draws lifelong
     targets: other agents' goals may coincide). Fixed in advance, so a host
-    solver and the environment follow the same sequences.
+    solver and the environment follow the same sequences. A sequence runs
+    cyclically, and its last goal may equal its first: an agent that gets that
+    goal under foot earns it only by leaving and coming back (``MapfEnv``'s
+    ``restart`` rule, which ``experts.pibt`` follows too).
     """
     rng = np.random.default_rng(seed + 1)
     out, batch = [], 0
@@ -213,6 +216,12 @@ def merge_pools(pools: list[MapfParams], num_agents: int | None = None) -> MapfP
     first = pools[0]
     for field in ("max_steps_in_episode", "random_goals"):
         values = sorted({getattr(p, field) for p in pools})
+        if len(values) > 1:
+            raise ConfigError(f"merge_pools: the pools differ in {field} ({', '.join(map(str, values))}); "
+                              f"one pool has one")
+    for field, shape in (("map shape", lambda p: p.blocked.shape[1:]), ("goal-sequence length",
+                                                                        lambda p: p.goals.shape[2])):
+        values = sorted({shape(p) for p in pools}, key=str)
         if len(values) > 1:
             raise ConfigError(f"merge_pools: the pools differ in {field} ({', '.join(map(str, values))}); "
                               f"one pool has one")

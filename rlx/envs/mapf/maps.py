@@ -3,9 +3,10 @@
 Maps are NumPy ``bool[height, width]`` arrays, True where a cell is blocked.
 They are made once on the host (random, maze, warehouse, or read from a
 MovingAI ``.map`` file) and then stacked into the environment's parameters,
-where everything else happens inside ``jit``. ``sample_instance`` is the NumPy
-twin of the environment's in-``jit`` start/goal generator: distinct starts,
-distinct goals, each goal reachable from its start.
+where everything else happens inside ``jit``. ``sample_instance`` draws the
+starts and goals of an instance on the host (distinct starts, distinct goals,
+each goal reachable from its start); the environment resets to instances of a
+pool made from them.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ def parse_movingai(path: str | Path) -> np.ndarray:
     """Read a MovingAI ``.map`` file (``type``, ``height``, ``width``, ``map``, then the rows).
 
     Errors name the file and the line: a missing header field, a row of the
-    wrong length, an unknown terrain character, too few rows.
+    wrong length, an unknown terrain character, too few rows, text after the
+    last row.
     """
     path = Path(path)
     if not path.is_file():
@@ -94,22 +96,25 @@ def parse_movingai(path: str | Path) -> np.ndarray:
     if not lines:
         raise ConfigError(f"{path}: empty file, expected a MovingAI header ('type', 'height', 'width', 'map')")
 
-    header, index = {}, 0
+    header, header_line, index = {}, {}, 0
     while index < len(lines) and lines[index].strip().lower() != "map":
         words = lines[index].split()
         if len(words) != 2 or words[0].lower() not in ("type", "height", "width"):
             fail(index + 1, f"expected 'type', 'height', 'width' or 'map', got {lines[index]!r}")
-        header[words[0].lower()] = words[1]
+        header[words[0].lower()], header_line[words[0].lower()] = words[1], index + 1
         index += 1
     if index == len(lines):
         fail(len(lines), "no 'map' line")
     for field in ("height", "width"):
         if field not in header or not header[field].isdigit() or int(header[field]) == 0:
-            fail(index + 1, f"header needs a positive integer '{field}' before 'map'")
+            fail(header_line.get(field, index + 1), f"header needs a positive integer '{field}' before 'map'")
     height, width = int(header["height"]), int(header["width"])
     rows = lines[index + 1:index + 1 + height]
     if len(rows) < height:
         fail(len(lines), f"{len(rows)} map rows, expected height {height}")
+    extra = next((k for k in range(index + 1 + height, len(lines)) if lines[k].strip()), None)
+    if extra is not None:
+        fail(extra + 1, f"text after the {height} map rows the header declares (height {height})")
     blocked = np.zeros((height, width), bool)
     for r, row in enumerate(rows):
         line_number = index + 2 + r
