@@ -1,7 +1,7 @@
 """Run POGEMA on given instances and record what happens; executed by POGEMA's own virtualenv.
 
 POGEMA 1.4 pins gymnasium 0.28, numpy <= 1.26 and pydantic <= 1.9, so it
-cannot share rlx's environment; ``make .venv-pogema`` builds one for it and the
+cannot share rlx's environment; ``make pogema`` builds one for it and the
 conformance test (tests/test_mapf_conformance.py) and scripts/bench_mapf.py
 call this file with that interpreter. It imports only numpy and pogema.
 

@@ -1,6 +1,6 @@
 """rlx's MAPF environment against POGEMA 1.4, step by step, on the same instances and actions.
 
-POGEMA runs in its own virtualenv (``make .venv-pogema``; its pins clash with
+POGEMA runs in its own virtualenv (``make pogema``; its pins clash with
 ours) through scripts/pogema_driver.py, which picks each step's actions (a mix
 of random and goal-directed moves) and records them; our environment replays
 them. Every agent's position, on-goal flag, reward and termination must agree
@@ -28,7 +28,7 @@ DRIVER = ROOT / "scripts" / "pogema_driver.py"
 PER_COMBINATION = 24  # 9 combinations x 24 = 216 instances
 MAX_SIDE, MAX_AGENTS, MAX_STEPS = 32, 64, 64
 
-pytestmark = pytest.mark.skipif(not POGEMA_PYTHON.exists(), reason="no .venv-pogema (make .venv-pogema builds it)")
+pytestmark = pytest.mark.skipif(not POGEMA_PYTHON.exists(), reason="no .venv-pogema (make pogema builds it)")
 
 
 def goal_sequence(grid, start, first_goal, rng, length=3):
