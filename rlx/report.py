@@ -5,12 +5,15 @@ above them; every run below it is one row (one per grid point for a run with an
 in-program sweep). Runs that did not finish are rows too, with their status:
 diverged (a NaN, at which update), failed (a sweep job's ``job_failed.json``)
 or unfinished (a config and metrics but no summary: killed, or still running).
+Jobs that differ only in ``run.seed`` (``-m ... run.seed=0,1,2``) pool their
+seeds into one row, unless ``--per-job``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +49,7 @@ class Row:
     env_steps: int
     wall_seconds: float
     curve_index: int | None  # grid point in metrics.jsonl, None when not swept
+    pooled: tuple = ()  # the one-job rows whose seeds this row pools (``pool_seed_jobs``)
 
     @property
     def label(self) -> str:
@@ -154,6 +158,35 @@ def rows_of(run_dir: Path) -> list[Row]:
     return rows
 
 
+SEED_OVERRIDE = re.compile(r"(?:^| )run\.seed=(\S+)")
+
+
+def pool_seed_jobs(rows: list[Row]) -> list[Row]:
+    """One row for the jobs of a ``-m ... run.seed=0,1,2`` sweep: rows of one multirun directory that differ
+    only in ``run.seed`` (all distinct) pool their seeds' returns, seed counts and wall seconds, and their
+    curves. Rows that also differ in anything else, or repeat a root seed, stay apart."""
+    groups: dict[tuple, list[Row]] = {}
+    for row in rows:
+        key = (row.run_dir.parent, row.experiment, row.env, SEED_OVERRIDE.sub("", row.setting).strip(), row.status,
+               row.curve_index)
+        groups.setdefault(key, []).append(row)
+    pooled = []
+    for (_, _, _, setting, _, _), members in groups.items():
+        seeds = [SEED_OVERRIDE.search(member.setting) for member in members]
+        if len(members) < 2 or not all(seeds) or len({m.group(1) for m in seeds}) < len(members):
+            pooled += members
+            continue
+        first = members[0]
+        pooled.append(Row(run_dir=first.run_dir, experiment=first.experiment, env=first.env, status=first.status,
+                          setting=f"{setting} run.seed={','.join(m.group(1) for m in seeds)}".strip(),
+                          returns=[r for member in members for r in member.returns],
+                          seeds=sum(member.seeds for member in members),
+                          env_steps=max(member.env_steps for member in members),
+                          wall_seconds=sum(member.wall_seconds for member in members),
+                          curve_index=first.curve_index, pooled=tuple(members)))
+    return pooled
+
+
 def return_cells(returns: list) -> tuple[str, str]:
     """The table's "mean ± std" and "95% CI" cells over the seeds with a finite return (a NaN is saved as
     None), saying how many seeds were not finite."""
@@ -180,6 +213,16 @@ def markdown_table(rows: list[Row]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def curve_of(row: Row):
+    """``(steps [T], returns [T, seeds])`` of one run's evaluations (its grid point's), or None."""
+    path = row.run_dir / "metrics.jsonl"
+    curves = artifacts.learning_curves(artifacts.read_metrics(path), "eval_return") if path.exists() else None
+    if curves is None:
+        return None
+    steps, values = curves
+    return steps, values[:, row.curve_index or 0]
+
+
 def plot_env(rows: list[Row], path: Path) -> None:
     """Evaluation return against env steps, one curve (mean, min–max band) per configuration."""
     import matplotlib
@@ -189,12 +232,11 @@ def plot_env(rows: list[Row], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for row in rows:
-        records = artifacts.read_metrics(row.run_dir / "metrics.jsonl")
-        curves = artifacts.learning_curves(records, "eval_return")
-        if curves is None:
-            continue
-        steps, values = curves
-        values = values[:, row.curve_index or 0]
+        curves = [curve_of(member) for member in (row.pooled or (row,))]
+        if any(curve is None for curve in curves) or any(len(c[0]) != len(curves[0][0]) or np.any(c[0] != curves[0][0])
+                                                         for c in curves):
+            continue  # pooled jobs whose evaluations do not line up (one unfinished, say): no curve
+        steps, values = curves[0][0], np.concatenate([c[1] for c in curves], 1)
         line = ax.plot(steps, np.nanmean(values, 1), label=row.label)
         ax.fill_between(steps, np.nanmin(values, 1), np.nanmax(values, 1), alpha=0.15, color=line[0].get_color())
     ax.set_xlabel("environment steps (per seed)")
@@ -210,8 +252,11 @@ def plot_env(rows: list[Row], path: Path) -> None:
     plt.close(fig)
 
 
-def write_report(paths: list[Path], out: Path) -> Path:
+def write_report(paths: list[Path], out: Path, per_job: bool = False) -> Path:
+    """``out/report.md`` and one plot per environment for the runs under ``paths``; ``per_job``: one row per
+    job even for jobs that differ only in ``run.seed`` (``pool_seed_jobs``)."""
     rows = [row for run in find_runs(paths) for row in rows_of(run)]
+    rows = rows if per_job else pool_seed_jobs(rows)
     out.mkdir(parents=True, exist_ok=True)
     sections = ["# rlx report\n", f"Runs from: {', '.join(str(p) for p in paths)}\n", markdown_table(rows)]
     for env in sorted({row.env for row in rows}):
@@ -228,10 +273,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("dirs", nargs="+", type=Path, help="run, multirun or parent directories")
     parser.add_argument("--out", type=Path, default=None,
                         help="where report.md and the plots go (default: the directory given, or ./report)")
+    parser.add_argument("--per-job", action="store_true",
+                        help="one row per job, also for jobs that differ only in run.seed (pooled by default)")
     args = parser.parse_args(argv)
     out = args.out or (args.dirs[0] if len(args.dirs) == 1 else Path("report"))
     try:
-        report = write_report(args.dirs, out)
+        report = write_report(args.dirs, out, args.per_job)
     except InputError as error:
         raise SystemExit(f"error: {error}") from None
     print(report.read_text().split("\n![")[0])

@@ -94,3 +94,21 @@ def test_summary_of_the_wrong_shape_is_named(tmp_path, content, message):
     (tmp_path / "run" / "summary.json").write_text(content)
     with pytest.raises(SystemExit, match=rf"summary.json: {message}"):
         report.main([str(tmp_path)])
+
+
+def test_jobs_that_differ_only_in_their_root_seed_pool_into_one_row(tmp_path):
+    """``-m ... run.seed=0,1`` (the CLI help's example) gives one job per root seed: one row of 4 seeds."""
+    for seed, returns in ((0, [100.0, 200.0]), (1, [300.0, 400.0])):
+        make_run(tmp_path / "multi" / f"{seed}_run.seed={seed}",
+                 {"experiment": "ppo_cartpole", "env": "CartPole-v1", "env_steps_per_seed": 1000, "total_seconds": 10.0,
+                  "final_eval": {"return_per_seed": returns}},
+                 [{"env_steps": 1000, "eval_return": returns}], overrides=["+exp=ppo_cartpole", f"run.seed={seed}"])
+    make_run(tmp_path / "again", {"experiment": "ppo_cartpole", "env": "CartPole-v1", "env_steps_per_seed": 1000,
+                                  "final_eval": {"return_per_seed": [5.0, 5.0]}}, [], overrides=["run.seed=1"])
+
+    text = report.write_report([tmp_path], tmp_path / "out").read_text()
+    # mean 250, std 111.8; t(0.975, 3) = 3.182 x 129.1 / 2 = 205.4
+    assert "| ppo_cartpole | CartPole-v1 | run.seed=0,1 | completed | 250.0 ± 111.8 | ± 205.4 | 4 | 1,000 | 20.0 |" in text
+    assert "| run.seed=1 | completed | 5.0 ± 0.0 |" in text  # a second run of root seed 1 is not pooled
+    per_job = report.write_report([tmp_path], tmp_path / "out", per_job=True).read_text()
+    assert "| run.seed=0 | completed | 150.0 ± 50.0 |" in per_job and "run.seed=0,1" not in per_job
