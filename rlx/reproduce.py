@@ -273,7 +273,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="tiny budgets: check the plumbing, numbers meaningless")
     parser.add_argument("--skip-training", action="store_true",
                         help="mapf_random, mm_quoting: evaluate the runs already in experiments/NAME/runs instead of "
-                        "training; imagination_*: re-render the table from its saved json")
+                        "training; imagination_*, pbrl_queries: re-render the table from its saved json; the others, which "
+                        "keep no runs to reuse, refuse it")
     parser.add_argument("--tasks", default=None,
                         help="pbrl_feedback, pbrl_queries: comma-separated tasks to rerun (e.g. Pendulum-v1); "
                         "imagination_generalization: level counts (e.g. 16,64); mapf_random: row groups (baselines, "

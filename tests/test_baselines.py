@@ -132,3 +132,29 @@ def test_single_agent_uniform_policy_covers_discrete_grid_and_continuous_spaces(
                                                                        jax.random.PRNGKey(1)))
     assert torques.shape == (4000, 1) and torques.min() >= -2 and torques.max() <= 2
     assert abs(torques.mean()) < 0.1 and torques.std() > 1.0  # uniform on [-2, 2]: std 1.15
+
+
+@pytest.mark.parametrize("name", ["pbrl_feedback", "pbrl_offline", "mm_event_vs_time"])
+def test_skip_training_is_refused_by_studies_that_train_each_time(name, tmp_path, monkeypatch):
+    """They used to ignore the flag, retrain for hours and overwrite the saved tables."""
+    from rlx import reproduce
+
+    monkeypatch.setattr(reproduce, "ROOT", tmp_path)
+    with pytest.raises(SystemExit, match=f"--skip-training: {name} keeps no trained"):
+        reproduce.reproduce(name, None, quick=True, skip_training=True)
+    assert not any(tmp_path.rglob("*.md"))
+
+
+def test_quoting_study_scores_only_a_run_that_trained_to_its_end(tmp_path):
+    import json
+
+    from rlx.envs.market.quoting_study import check_finished
+    from rlx.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="no finished run there"):
+        check_finished(tmp_path)
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "diverged"}))
+    with pytest.raises(ConfigError, match="did not finish \\(status diverged\\)"):
+        check_finished(tmp_path)
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "completed"}))
+    check_finished(tmp_path)

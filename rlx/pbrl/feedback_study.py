@@ -187,6 +187,9 @@ def reproduce(out: Path, quick: bool, skip_training: bool, seeds: int = 5, tasks
     """Run the study and write ``feedback.md`` / ``feedback.json`` into ``out`` (``_quick`` files for ``quick``).
 
     ``tasks`` reruns only those tasks; ``strategies`` only those strategies' rows of the saved tables."""
+    if skip_training:
+        raise SystemExit("--skip-training: pbrl_feedback keeps no trained runs to evaluate again; it trains each "
+                         "time (use --tasks or strategies= to rerun part of it)")
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     configs = task_configs(quick)

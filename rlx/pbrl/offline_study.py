@@ -139,7 +139,10 @@ def render(rows: list[dict], summaries: dict, info: dict) -> str:
 
 
 def reproduce(out: Path, quick: bool, skip_training: bool = False) -> Path:
-    """``python -m rlx.reproduce`` entry point (datasets are cached, so ``skip_training`` changes nothing)."""
+    """``python -m rlx.reproduce`` entry point; every learner trains each time (the datasets are cached)."""
+    if skip_training:
+        raise SystemExit("--skip-training: pbrl_offline keeps no trained learners to evaluate again; it trains "
+                         "them each time (its datasets are cached)")
     run_study(out, quick=quick, seeds=2 if quick else 5)
     results = Path(out) / ("offline_quick.md" if quick else "offline.md")
     print(results.read_text())

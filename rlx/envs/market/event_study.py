@@ -192,6 +192,9 @@ def closed_form_chooser(kind: str, gamma: float, fit: dict, params: book.BookPar
 
 
 def reproduce(out: Path, quick: bool, skip_training: bool) -> Path:
+    if skip_training:
+        raise SystemExit("--skip-training: mm_event_vs_time keeps no trained agents to evaluate again; it trains "
+                         "them each time")
     started = time.time()
     days = load_days(out, quick)
     train_count = 2 if quick else TRAIN_DAYS

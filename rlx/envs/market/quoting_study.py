@@ -21,10 +21,24 @@ import jax
 import numpy as np
 
 from rlx.envs.market import baselines
+from rlx.errors import ConfigError
 
 PRESET = "ppo_market_quoting"
 TARGET = 0.95
 PLOT_INVENTORIES = np.arange(-3, 4)
+
+
+def check_finished(run_dir: Path) -> None:
+    """A one-line error, before any scoring, unless ``run_dir`` holds a run that trained to its end (an
+    interrupted one has no ``summary.json``; a diverged one says so in it)."""
+    summary_path = run_dir / "summary.json"
+    if not summary_path.is_file():
+        raise ConfigError(f"run_dir={run_dir}: no finished run there (no summary.json); train it without "
+                          "--skip-training")
+    status = json.loads(summary_path.read_text()).get("status")
+    if status not in ("completed", "reached_stop_at_return"):
+        raise ConfigError(f"run_dir={run_dir}: its run did not finish (status {status}); train it without "
+                          "--skip-training")
 
 
 def reproduce(out: Path, quick: bool, skip_training: bool) -> Path:
@@ -35,6 +49,7 @@ def reproduce(out: Path, quick: bool, skip_training: bool) -> Path:
     run_dir = out / "runs" / f"{PRESET}{suffix}"
     if not skip_training:
         train_preset(PRESET, run_dir, 2 if quick else 4, ("algo.total_timesteps=65536",) if quick else ())
+    check_finished(run_dir)
     run = load_trained(run_dir)
     env, params = run.parts.env, run.parts.env_params
     paths = 1024 if quick else 20_000
