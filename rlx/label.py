@@ -12,12 +12,17 @@ The server listens on 127.0.0.1 only (``port=0``: any free port) and prints
 ``serving http://127.0.0.1:PORT/``; ``open=true`` also opens that address in a browser. Its JSON
 API: ``GET /api/next`` (the next unanswered query with both segments' observations and
 ``absorbing`` flags -- 1 where the episode had ended, drawn as "episode over" -- and the
-progress) and ``POST /api/answer`` with ``{"query": id, "answer": "left"|"right"|"equal"|"skip"}``
-(replies like ``/api/next``; HTTP 400 with ``{"error": message}`` for a bad request).
+progress) and ``POST /api/answer`` with ``{"query": id, "answer": "left"|"right"|"equal"|"skip"}``,
+plus the ``left`` and ``right`` segment ids the page showed (replies like ``/api/next``; HTTP 400 with
+``{"error": message}`` for a bad request; HTTP 409 with ``{"error": message, "next": ...}`` for a query
+answered already or ids that are not the query's, as from a page left open while the queries were
+remade, and ``next`` is what ``/api/next`` would say). One server per run directory: a second one
+is refused at start.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import sys
 import threading
@@ -95,6 +100,7 @@ class LabelServer(ThreadingHTTPServer):
         self.labels_path = self.run_dir / LABELS_FILE
         self.answered = answered_queries(self.labels_path, self.queries)
         self.lock = threading.Lock()  # one check-and-append at a time: a query is answered once
+        self.run_lock = hold_run_dir(self.run_dir)  # and one server per run directory
         self.page = resources.files("rlx.pbrl").joinpath("static/label.html").read_bytes()
         super().__init__((HOST, port), LabelHandler)
 
@@ -127,12 +133,20 @@ class LabelServer(ThreadingHTTPServer):
                            "absorbing": self.queries["absorbing"][index].astype(int).tolist()}
         return {**reply, "query": pending, "obs_shape": list(obs.shape[2:]), **sides}
 
-    def record(self, query, answer) -> None:
-        """Validate one answer and append it to the label file; ``ValueError`` (or ``KeyError`` if already answered)."""
+    def server_close(self) -> None:
+        super().server_close()
+        self.run_lock.close()  # releases the run directory
+
+    def record(self, query, answer, shown: tuple | None = None) -> None:
+        """Validate one answer and append it to the label file; ``ValueError``, or ``KeyError`` if the query is
+        answered already or ``shown`` (the left and right segment ids the page showed) are not its segments."""
         if not isinstance(query, int) or isinstance(query, bool) or not 0 <= query < self.num_queries:
             raise ValueError(f"unknown query {query!r}: query ids are 0..{self.num_queries - 1}")
         if not isinstance(answer, str) or answer not in ANSWERS:
             raise ValueError(f"unknown answer {answer!r}; valid: {', '.join(ANSWERS)}")
+        if shown is not None and tuple(shown) != self.segment_ids(query):
+            raise KeyError(f"query {query} pairs {self.segment_ids(query)}, not the segments {tuple(shown)} the page "
+                           "showed (were the queries remade?); nothing saved")
         with self.lock:
             if query in self.answered:
                 raise KeyError(f"query {query} is already answered")
@@ -144,6 +158,7 @@ class LabelHandler(BaseHTTPRequestHandler):
     """The page at ``/``, ``GET /api/next`` and ``POST /api/answer``; requests for other hosts are refused."""
 
     server: LabelServer
+    timeout = 10  # seconds: a client that announces more body than it sends does not hold a thread forever
 
     def do_GET(self) -> None:
         if not self.local_host():
@@ -163,11 +178,14 @@ class LabelHandler(BaseHTTPRequestHandler):
             return
         try:
             body = self.read_json()
-            self.server.record(body.get("query"), body.get("answer"))
+            if ("left" in body) != ("right" in body):
+                raise ValueError("give both the left and the right segment id the page showed, or neither")
+            shown = (body["left"], body["right"]) if "left" in body else None
+            self.server.record(body.get("query"), body.get("answer"), shown)
         except ValueError as error:
             self.reply_json(HTTPStatus.BAD_REQUEST, {"error": str(error)})
-        except KeyError as error:
-            self.reply_json(HTTPStatus.CONFLICT, {"error": error.args[0]})
+        except KeyError as error:  # the page is behind: what it should show now comes with the refusal
+            self.reply_json(HTTPStatus.CONFLICT, {"error": error.args[0], "next": self.server.next_query()})
         else:
             self.reply_json(HTTPStatus.OK, self.server.next_query())
 
@@ -175,12 +193,12 @@ class LabelHandler(BaseHTTPRequestHandler):
         """The request's JSON object; ``ValueError`` for anything else (a cross-site form post included)."""
         if self.headers.get_content_type() != "application/json":
             raise ValueError("the body must be JSON (Content-Type: application/json)")
-        length = int(self.headers.get("Content-Length") or 0)
-        if not 0 < length <= MAX_BODY_BYTES:
-            raise ValueError(f"the body must be 1..{MAX_BODY_BYTES} bytes")
+        length = self.headers.get("Content-Length") or "0"
+        if not length.isdigit() or not 0 < int(length) <= MAX_BODY_BYTES:
+            raise ValueError(f"the body must be 1..{MAX_BODY_BYTES} bytes (Content-Length)")
         try:
-            body = json.loads(self.rfile.read(length))
-        except (json.JSONDecodeError, UnicodeDecodeError):
+            body = json.loads(self.rfile.read(int(length)))
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):  # RecursionError: nesting like [[[[...
             raise ValueError("the body is not valid JSON") from None
         if not isinstance(body, dict):
             raise ValueError('the body must be a JSON object {"query": id, "answer": ...}')
@@ -207,6 +225,19 @@ class LabelHandler(BaseHTTPRequestHandler):
 
     def log_message(self, format, *args) -> None:  # noqa: A002 (the base class's name)
         """Quiet: one line per request would bury the ``serving`` line."""
+
+
+def hold_run_dir(run_dir: Path):
+    """An exclusive lock on ``run_dir/labels.jsonl.lock`` for as long as the returned file stays open: two
+    servers on one directory would each accept an answer to the same query, and the label file, holding it
+    twice, would no longer load. ``ConfigError`` if another server holds it."""
+    handle = open(Path(run_dir) / f"{LABELS_FILE}.lock", "a")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise ConfigError(f"run_dir={run_dir}: another rlx.label server is labelling it; stop that one first") from None
+    return handle
 
 
 def make_server(run_dir, port: int = 0) -> LabelServer:

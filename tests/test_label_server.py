@@ -159,3 +159,50 @@ def test_the_command_line_serves_and_reports_bad_keys(run_dir):
         watchdog.cancel()
         process.terminate()
         process.wait(timeout=10)
+
+
+def test_an_answer_for_segments_the_page_did_not_show_is_refused_with_the_current_query(run_dir):
+    """A page left open while the queries were remade used to store its answer against the new pair."""
+    with serving(run_dir) as server:
+        _, shown = call(server, "/api/next")
+        code, reply = call(server, "/api/answer", {"query": 0, "answer": "left", "left": shown["right"]["id"],
+                                                   "right": shown["left"]["id"]})
+        assert code == 409 and "not the segments" in reply["error"] and reply["next"]["query"] == 0
+        code, reply = call(server, "/api/answer", {"query": 0, "answer": "left", "left": shown["left"]["id"]})
+        assert code == 400 and "give both" in reply["error"]
+        assert lines(run_dir) == []
+        code, reply = call(server, "/api/answer", {"query": 0, "answer": "left", "left": shown["left"]["id"],
+                                                   "right": shown["right"]["id"]})
+        assert code == 200 and reply["query"] == 1
+        code, reply = call(server, "/api/answer", {"query": 0, "answer": "right"})  # a second tab, behind
+        assert code == 409 and reply["next"]["query"] == 1  # what that tab shows now
+    assert [line["answer"] for line in lines(run_dir)] == ["left"]
+
+
+def test_one_server_per_run_directory(run_dir):
+    """Two servers each accepted an answer to query 0; the label file, holding it twice, no longer loaded."""
+    from rlx.errors import ConfigError
+
+    with serving(run_dir):
+        with pytest.raises(ConfigError, match="another rlx.label server is labelling it"):
+            make_server(run_dir)
+    with serving(run_dir):  # released when the first one closed
+        pass
+
+
+def test_malformed_bodies_get_a_clear_refusal(run_dir):
+    with serving(run_dir) as server:
+        code, reply = call(server, "/api/answer", b"[" * 2000 + b"]" * 2000)  # RecursionError: no reply at all
+        assert code == 400 and "not valid JSON" in reply["error"]
+        code, reply = call(server, "/api/answer", b"{}", headers={"Content-Length": "abc"})
+        assert code == 400 and "Content-Length" in reply["error"]
+    assert lines(run_dir) == []
+
+
+def test_an_answer_after_a_last_line_without_newline_starts_its_own_line(run_dir):
+    from rlx.pbrl.labels import append_label
+
+    path = run_dir / "labels.jsonl"
+    path.write_text('{"query": 0, "left": "a", "right": "b", "answer": "left"}')  # edited by hand
+    append_label(path, 1, "c", "d", "right")
+    assert [line["query"] for line in lines(run_dir)] == [0, 1]

@@ -38,8 +38,12 @@ def append_label(path, query: int, left: str, right: str, answer: str) -> None:
     if answer not in ANSWERS:
         raise LabelError(f"answer {answer!r}: valid answers are {', '.join(ANSWERS)}")
     record = json.dumps({"query": int(query), "left": str(left), "right": str(right), "answer": answer})
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write(record + "\n")
+    with open(path, "a+b") as handle:
+        if handle.tell() > 0:  # a last line without its newline (an edit by hand) must not swallow this one
+            handle.seek(-1, os.SEEK_END)
+            if handle.read(1) != b"\n":
+                record = "\n" + record
+        handle.write((record + "\n").encode("utf-8"))
         handle.flush()
         os.fsync(handle.fileno())
 
