@@ -138,6 +138,10 @@ def test_a_dataset_of_your_own_loads_with_defaults(tmp_path):
     ("terminals", lambda a: a.update(terminals=np.full((5, 3), np.nan))),
     ("terminal_penalty", lambda a: a.update(terminal_penalty=np.array([1.0, 2.0]))),
     ("level", lambda a: a.update(level=np.array([1, 2]))),
+    ("pairs", lambda a: a.update(pairs=np.array([[0, 1], [2, 2], [4, 0]]))),
+    ("terminals", lambda a: a.update(terminals=np.full((5, 3), 0.5))),
+    ("source", lambda a: a.update(source=np.array([0, 1, -1, 0, 1]), source_updates=np.array([1, 2]))),
+    ("source", lambda a: a.update(source=np.zeros(5, np.float32))),
 ])
 def test_load_errors_name_the_file_and_the_field(tmp_path, field, change):
     arrays = good_arrays()
@@ -146,6 +150,13 @@ def test_load_errors_name_the_file_and_the_field(tmp_path, field, change):
     with pytest.raises(datasets.DatasetError) as error:
         datasets.load_dataset(path)
     assert str(path) in str(error.value) and f"'{field}'" in str(error.value), str(error.value)
+
+
+def test_env_and_level_stored_as_bytes_read_as_text(tmp_path):
+    """NumPy "S" strings (h5py's) used to come back as "np.bytes_(b'CartPole-v1')"."""
+    loaded = datasets.load_dataset(write(tmp_path / "bytes.npz", {**good_arrays(), "env": np.array(b"CartPole-v1"),
+                                                                  "level": np.array(b"mine")}))
+    assert (loaded["env"], loaded["level"]) == ("CartPole-v1", "mine")
 
 
 def test_missing_and_unreadable_files_are_named(tmp_path):
@@ -177,3 +188,19 @@ def test_offline_study_quick_writes_its_tables(made, tmp_path):
     stored = json.loads((tmp_path / "offline_quick.json").read_text())
     for row in stored["rows"]:
         assert len(row["per_seed"]) == 2 and np.isfinite(row["mean"]) and row["behaviour_return"] is not None
+
+
+def test_the_cache_key_covers_the_ppo_preset_and_the_generator(monkeypatch):
+    """A cached dataset made with other PPO settings, expert threshold or generator code used to be reused."""
+    import dataclasses
+
+    settings = datasets.default_settings("cartpole")
+    before = settings.key()
+    preset = datasets.ENVS["cartpole"]
+    monkeypatch.setitem(datasets.ENVS, "cartpole", dataclasses.replace(preset, ppo={**preset.ppo, "lr": 1.0}))
+    assert settings.key() != before
+    monkeypatch.setitem(datasets.ENVS, "cartpole", dataclasses.replace(preset, expert_min_return=0.0))
+    assert settings.key() != before
+    monkeypatch.setitem(datasets.ENVS, "cartpole", preset)
+    monkeypatch.setattr(datasets, "GENERATOR_VERSION", datasets.GENERATOR_VERSION + 1)
+    assert settings.key() != before

@@ -101,9 +101,14 @@ ENVS = {
 }
 
 
+# Raised whenever the way datasets are generated changes, so that files cached by older code are not reused.
+GENERATOR_VERSION = 2  # 2: each source policy and level draws on randomness of its own (2026-12-06)
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """Everything that decides a dataset's content (hashed into the cache file name)."""
+    """What decides a dataset's content besides the environment's ``EnvPreset`` (PPO settings, expert
+    threshold) and ``GENERATOR_VERSION``: all three are hashed into the cache file name."""
 
     env: str
     seed: int = 0
@@ -117,7 +122,8 @@ class Settings:
     eval_episodes: int = 16
 
     def key(self) -> str:
-        text = json.dumps(dataclasses.asdict(self), sort_keys=True)
+        preset = dataclasses.asdict(ENVS[self.env]) if self.env in ENVS else None
+        text = json.dumps({**dataclasses.asdict(self), "preset": preset, "generator": GENERATOR_VERSION}, sort_keys=True)
         return hashlib.sha1(text.encode()).hexdigest()[:10]
 
 
@@ -357,7 +363,10 @@ def validate(arrays: dict, source: str = "dataset") -> dict:
         value = np.asarray(arrays[name])
         if value.ndim != 0 or value.dtype.kind not in "US":
             fail(name, f"must be a string, got {value.dtype} of shape {value.shape}")
-        out[name] = str(value)
+        try:  # bytes (as h5py and NumPy's "S" strings give) would read as "np.bytes_(b'...')"
+            out[name] = value.item().decode("utf-8") if value.dtype.kind == "S" else str(value)
+        except UnicodeDecodeError:
+            fail(name, "bytes that are not UTF-8 text")
     obs = np.asarray(arrays["obs"])
     if obs.ndim < 2 or obs.shape[0] < 1 or obs.shape[1] < 1:
         fail("obs", f"shape {obs.shape}, expected [segments, length, *obs_shape]")
@@ -385,6 +394,10 @@ def validate(arrays: dict, source: str = "dataset") -> dict:
         fail("pairs", f"shape {pairs.shape} dtype {pairs.dtype}, expected integers [pairs >= 1, 2]")
     if pairs.min() < 0 or pairs.max() >= num_segments:
         fail("pairs", f"segment indices must be in [0, {num_segments}), found {pairs.min()}..{pairs.max()}")
+    if (pairs[:, 0] == pairs[:, 1]).any():
+        fail("pairs", f"pair {int(np.argmax(pairs[:, 0] == pairs[:, 1]))} compares a segment with itself")
+    if "terminals" in arrays and not np.isin(np.asarray(arrays["terminals"]), (0, 1)).all():
+        fail("terminals", "must be 0 or 1 (1 where a step terminated its episode)")
     num_pairs = pairs.shape[0]
     for name in ("labels", "mask"):
         if np.shape(arrays[name]) != (num_pairs,):
@@ -395,12 +408,15 @@ def validate(arrays: dict, source: str = "dataset") -> dict:
     if not np.isin(mask, (0.0, 1.0)).all():
         fail("mask", "must be 0 or 1")
     if "source" in arrays:
-        source = np.asarray(arrays["source"])
-        if source.shape != (num_segments,):
-            fail("source", f"shape {source.shape}, expected [{num_segments}]")
+        origin = np.asarray(arrays["source"])  # not `source`: the file
+        if origin.shape != (num_segments,):
+            fail("source", f"shape {origin.shape}, expected [{num_segments}]")
+        if origin.dtype.kind not in "iu" or origin.min() < 0:
+            fail("source", f"must be indices >= 0 into source_updates / source_returns, got {origin.dtype} "
+                           f"from {origin.min()}")
         for name in ("source_updates", "source_returns"):
-            if name in arrays and (np.ndim(arrays[name]) != 1 or source.max() >= len(arrays[name])):
-                fail(name, f"shape {np.shape(arrays[name])}: needs one entry per source index (max {source.max()})")
+            if name in arrays and (np.ndim(arrays[name]) != 1 or origin.max() >= len(arrays[name])):
+                fail(name, f"shape {np.shape(arrays[name])}: needs one entry per source index (max {origin.max()})")
     out["obs"] = obs.astype(np.float32)
     out["actions"] = actions.astype(np.int32 if actions.ndim == 2 else np.float32)
     out["rewards"] = np.asarray(arrays["rewards"], np.float32)
