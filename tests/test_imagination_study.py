@@ -216,15 +216,19 @@ def stub_generalization_training(monkeypatch):
     return generalization
 
 
-def test_generalization_drops_saved_rows_made_with_other_dreams(tmp_path, monkeypatch):
+def test_generalization_drops_saved_rows_made_with_other_dreams(tmp_path, monkeypatch, capsys):
     """Rows of another N are kept only when they were made with the same dream strengths (and methods, PPO
-    and evaluation); the table then describes the settings of the rows it has."""
+    and evaluation); the table then describes the settings of the rows it has. The dropped rows are copied
+    aside first, and the run says so (they used to vanish without a word)."""
     import json
 
     generalization = stub_generalization_training(monkeypatch)
     generalization.reproduce(tmp_path, quick=True, skip_training=False, tasks=("16",))
     monkeypatch.setattr(generalization, "DREAMS", {**generalization.DREAMS, "dream_noise": 0.125})
     generalization.reproduce(tmp_path, quick=True, skip_training=False, tasks=("64",))
+    assert "rows for N = 16 were made with other settings (dreams differ" in capsys.readouterr().out
+    (aside,) = tmp_path.glob("generalization_quick.*-*.json")
+    assert list(json.loads(aside.read_text())["results"]) == ["16"]
     saved = json.loads((tmp_path / "generalization_quick.json").read_text())
     assert list(saved["results"]) == ["64"]  # N=16 was made with other dream strengths
     assert saved["settings"]["dreams"]["dream_noise"] == 0.125
@@ -305,6 +309,21 @@ def test_skip_training_without_a_saved_json_names_the_file_and_the_command(tmp_p
         reproduce(tmp_path, quick=True, skip_training=True)
     with pytest.raises(ConfigError, match=rf"{tmp_path}/\w+\.json does not exist.*`python -m rlx\.reproduce {name}`"):
         reproduce(tmp_path, quick=False, skip_training=True)
+
+
+@pytest.mark.parametrize("module, content, message", [
+    ("generalization", "{\n", "is not valid JSON"), ("model_error", "[]", "holds no saved results"),
+    ("sample_efficiency", '{"measured": "2026-12-01"}', "holds no saved results")])
+def test_skip_training_with_a_broken_saved_json_says_so_in_one_line(tmp_path, module, content, message):
+    """A json cut short, or of the wrong shape, used to end in a JSONDecodeError, TypeError or StopIteration."""
+    import importlib
+
+    from rlx.errors import ConfigError
+
+    (tmp_path / f"{module}_quick.json").write_text(content)
+    reproduce = importlib.import_module(f"rlx.imagination.{module}").reproduce
+    with pytest.raises(ConfigError, match=rf"{module}_quick\.json {message}.*rlx\.reproduce"):
+        reproduce(tmp_path, quick=True, skip_training=True)
 
 
 def test_model_error_is_nan_at_a_horizon_no_sequence_reaches():

@@ -29,14 +29,36 @@ def read_saved(path: Path, module: str, quick: bool) -> dict:
     FileNotFoundError.
     """
     from rlx.errors import ConfigError
-    from rlx.reproduce import CUSTOM
 
     if not path.is_file():
-        name = next((name for name, study in CUSTOM.items() if study == module), module)
-        command = f"python -m rlx.reproduce {name}" + (" --quick" if quick else "")
+        command = study_command(module, quick)
         raise ConfigError(f"--skip-training: {path} does not exist, so there is nothing to re-render; "
                           f"`{command}` trains and writes it")
-    return json.loads(path.read_text())
+    try:
+        saved = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"--skip-training: {path} is not valid JSON ({error}); `{study_command(module, quick)}` "
+                          "trains and writes it again") from None
+    if not isinstance(saved, dict) or not set(saved) - {"measured"}:
+        raise ConfigError(f"--skip-training: {path} holds no saved results; `{study_command(module, quick)}` "
+                          "trains and writes it again")
+    return saved
+
+
+def study_command(module: str, quick: bool) -> str:
+    """The ``rlx.reproduce`` command line that runs the study in ``module``."""
+    from rlx.reproduce import CUSTOM
+
+    name = next((name for name, study in CUSTOM.items() if study == module), module)
+    return f"python -m rlx.reproduce {name}" + (" --quick" if quick else "")
+
+
+def save_json(path: Path, results: dict) -> None:
+    """``results`` to ``path`` through a ``.partial`` file renamed at the end: an interrupted write leaves the
+    previous file whole, never half of one for ``--skip-training`` to trip over."""
+    partial = path.with_suffix(path.suffix + ".partial")
+    partial.write_text(json.dumps(results, indent=1))
+    partial.replace(path)
 
 
 def today() -> str:

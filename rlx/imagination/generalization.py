@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
-from rlx.imagination import measured_on, read_saved, seed_count, today
+from rlx.imagination import measured_on, read_saved, save_json, seed_count, today
 
 EXPERIMENT_DIR = "imagination"
 LEVEL_COUNTS = (16, 64, 256)
@@ -227,15 +229,36 @@ def markdown(results: dict, settings: dict) -> str:
     return "\n".join(lines)
 
 
+def comparable(settings: dict) -> dict:
+    """What the rows depend on: not how long the run took, nor on which day."""
+    return {k: v for k, v in settings.items() if k not in ("minutes", "measured")}
+
+
 def kept_results(saved: Path, settings: dict) -> dict:
     """The saved rows per N when they were made with ``settings`` (minutes aside); else nothing (also when
     the saved settings lack a key that ``settings`` has: rows of unknown settings are not mixed in)."""
     if not saved.exists():
         return {}
     previous = json.loads(saved.read_text())
-    # what the rows depend on: not how long the run took, nor on which day
-    comparable = lambda s: {k: v for k, v in s.items() if k not in ("minutes", "measured")}  # noqa: E731
     return previous["results"] if comparable(previous["settings"]) == comparable(settings) else {}
+
+
+def set_aside_unkept(saved: Path, settings: dict, level_counts: tuple[int, ...], log: Callable = print) -> None:
+    """Before a run of ``level_counts`` replaces ``saved``: when its rows of other N will not be kept (other
+    settings), copy it to ``<name>.<date-time>.json`` and say which N and which settings differ, instead of
+    dropping those rows without a word."""
+    if not saved.exists() or kept_results(saved, settings):
+        return
+    previous = json.loads(saved.read_text())
+    dropped = sorted(set(previous.get("results", {})) - {str(n) for n in level_counts}, key=int)
+    if not dropped:
+        return
+    old, new = comparable(previous.get("settings", {})), comparable(settings)
+    differ = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    kept = saved.with_name(f"{saved.stem}.{time.strftime('%Y%m%d-%H%M%S')}.json")
+    shutil.copy2(saved, kept)
+    log(f"note: {saved.name}'s rows for N = {', '.join(dropped)} were made with other settings ({', '.join(differ)} "
+        f"differ or were not recorded), so this run's table leaves them out; they are kept in {kept}")
 
 
 def check_level_counts(tasks) -> tuple[int, ...]:
@@ -265,6 +288,7 @@ def reproduce(out: Path, quick: bool, skip_training: bool, seeds: int | None = N
         results = read_saved(saved, __name__, quick)
         path.write_text(markdown(results["results"], results["settings"]))
         return path
+    set_aside_unkept(saved, settings, level_counts)
     env, _ = registry.make("maze")
     started, mine = time.time(), {}
     for n in level_counts:  # the files are rewritten after each N: a long study keeps what it has
@@ -278,9 +302,7 @@ def reproduce(out: Path, quick: bool, skip_training: bool, seeds: int | None = N
         results = {key: results[key] for key in sorted(results, key=int)}
         settings["minutes"] = (time.time() - started) / 60
         settings["measured"] = today()
-        partial = saved.with_suffix(".json.partial")  # then renamed: a reader never sees half a file
-        partial.write_text(json.dumps({"settings": settings, "results": results}, indent=1))
-        partial.replace(saved)
+        save_json(saved, {"settings": settings, "results": results})
         path.write_text(markdown(results, settings))
     print(path.read_text())
     return path

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rlx.imagination import measured_on, read_saved, today
+from rlx.imagination import measured_on, read_saved, save_json, today
 
 EXPERIMENT_DIR = "imagination"
 HORIZONS = (1, 2, 3, 5, 8, 12, 15)
@@ -230,7 +230,7 @@ def reproduce(out: Path, quick: bool, skip_training: bool) -> Path:
     suffix = "_quick" if quick else ""
     saved, path = out / f"model_error{suffix}.json", out / f"model_error{suffix}.md"
     results = read_saved(saved, __name__, quick) if skip_training else measure(quick)
-    saved.write_text(json.dumps(results, indent=1))
+    save_json(saved, results)
     path.write_text(markdown(results))
     plot(results, out / f"model_error{suffix}.png")
     print(path.read_text())

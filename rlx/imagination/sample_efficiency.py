@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rlx.imagination import measured_on, read_saved, seed_count, today
+from rlx.imagination import measured_on, read_saved, save_json, seed_count, today
 
 EXPERIMENT_DIR = "imagination"
 EVAL_EPISODES = 32
@@ -174,7 +174,7 @@ def reproduce(out: Path, quick: bool, skip_training: bool, seeds: int | None = N
             print(f"{task} {label}: {steps_to_target(curve['steps'], curve['returns'], target)} "
                   f"({curve['train_seconds']:.0f} s)", flush=True)
     results["measured"] = today()
-    saved.write_text(json.dumps(results, indent=1))
+    save_json(saved, results)
     return write_table(out / f"sample_efficiency{suffix}.md", results, quick)
 
 
