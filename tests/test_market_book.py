@@ -360,3 +360,17 @@ def test_study_calibration_without_trades_says_so():
 
     with pytest.raises(data.DataError, match="sweeps: too few trades"):
         event_study.calibrate([sweeping_day(100, order_chance=0.0, keep_going=0.5)])
+
+
+def test_holm_correction_and_the_comparisons_note_by_hand():
+    """The 14 pairs of mm_event_vs_time (2026-12-08): six per-pair 95% verdicts, one after Holm's correction."""
+    from rlx.envs.market.event_study import comparisons_note, holm_count
+
+    p_values = [0.0026, 0.0182, 0.0242, 0.0251, 0.0374, 0.0457, 0.0769, 0.2148, 0.2195, 0.2454, 0.2801, 0.3378,
+                0.5139, 0.911]
+    assert holm_count(p_values) == 1  # 0.0026 <= 0.05 / 14; 0.0182 > 0.05 / 13
+    assert holm_count([0.01, 0.02, 0.03]) == 3  # 0.01 <= 0.05/3, 0.02 <= 0.05/2, 0.03 <= 0.05
+    assert holm_count([0.5, 0.001]) == 1 and holm_count([0.2, 0.3]) == 0
+    note = comparisons_note(np.linspace(0.5, 7.0, 14), p_values)
+    assert "Holm, 5%), 1 pair(s) stay significant" in note
+    assert "ahead in 14 of 14 pairs (two-sided sign test p = 0.00012)" in note  # 2 x 0.5 ** 14

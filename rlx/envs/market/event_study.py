@@ -280,7 +280,30 @@ def welch(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
     return float(a.mean() - b.mean()), float(stats.t.ppf(0.975, max(dof, 1.0)) * np.sqrt(va + vb))
 
 
+def holm_count(p_values, alpha: float = 0.05) -> int:
+    """How many of the hypotheses stay rejected at family-wise level ``alpha`` after Holm's step-down
+    correction: the k-th smallest p-value is held to ``alpha / (m - k)``, and the first to fail stops it."""
+    ordered = np.sort(np.asarray(p_values, np.float64))
+    passed = ordered <= alpha / (len(ordered) - np.arange(len(ordered)))
+    return int(np.argmin(passed)) if not passed.all() else len(ordered)
+
+
+def comparisons_note(differences, p_values) -> str:
+    """What the per-pair verdicts are worth together: each is a separate 95% test, so the line also gives
+    how many survive Holm's correction for all of them, and a two-sided sign test of the direction."""
+    from scipy import stats
+
+    differences = np.asarray(differences, np.float64)
+    favour = int(np.sum(differences > 0))
+    sign = stats.binomtest(favour, len(differences)).pvalue
+    return (f"Each verdict is its own 95% Welch test; corrected for all {len(differences)} (Holm, 5%), "
+            f"{holm_count(p_values)} pair(s) stay significant. Event-based is ahead in {favour} of "
+            f"{len(differences)} pairs (two-sided sign test p = {sign:.2g}).")
+
+
 def render(rows, per_day_rows, fit, days, train_count, seeds, quick, seconds) -> str:
+    from scipy import stats
+
     test_names = [d.name for d in days[train_count:]]
     lines = ["# Market making: event-based versus time-based stepping", ""]
     if quick:
@@ -307,7 +330,7 @@ def render(rows, per_day_rows, fit, days, train_count, seeds, quick, seconds) ->
         lines.append(f"| {agent} | {reward_name} | {stepping} | " + " | ".join(cells) + " |")
     lines += ["", "## Event minus time (mean daily PnL; 95% Welch interval over seeds)", "",
               "| agent | reward | event | time | difference | verdict |", "|---|---|---:|---:|---:|---|"]
-    verdicts = []
+    verdicts, differences, p_values = [], [], []
     for agent in ("PPO", "A2C"):
         for reward_name in rewards.REWARDS:
             event, timed = rows.get((agent, reward_name, "event")), rows.get((agent, reward_name, "time"))
@@ -316,11 +339,14 @@ def render(rows, per_day_rows, fit, days, train_count, seeds, quick, seconds) ->
             diff, half = welch(np.asarray(event["daily_pnl"]), np.asarray(timed["daily_pnl"]))
             verdict = "event better" if diff - half > 0 else ("time better" if diff + half < 0 else "no difference")
             verdicts.append(verdict)
+            differences.append(diff)
+            p_values.append(stats.ttest_ind(event["daily_pnl"], timed["daily_pnl"], equal_var=False).pvalue)
             lines.append(f"| {agent} | {reward_name} | {np.mean(event['daily_pnl']):.2f} | "
                          f"{np.mean(timed['daily_pnl']):.2f} | {diff:+.2f} ± {half:.2f} | {verdict} |")
     counts = {v: verdicts.count(v) for v in ("event better", "time better", "no difference")}
     lines += ["", f"Of {len(verdicts)} agent x reward pairs: event-based better in {counts['event better']}, "
-              f"time-based better in {counts['time better']}, no significant difference in {counts['no difference']}.", ""]
+              f"time-based better in {counts['time better']}, no significant difference in {counts['no difference']}."]
+    lines += ([comparisons_note(differences, p_values), ""] if len(differences) > 1 else [""])
     lines += ["## PnL per test day (learned rows: mean over seeds)", "",
               "| agent | reward | stepping | " + " | ".join(f"d{i + 1}" for i in range(len(test_names))) + " |",
               "|---|---|---|" + "---:|" * len(test_names)]
