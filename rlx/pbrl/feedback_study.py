@@ -97,9 +97,11 @@ def random_returns(env, params, seeds: int) -> np.ndarray:
 
 
 def interval(values) -> float:
-    """Half-width of a normal-approximation 95% interval of the mean."""
-    values = np.asarray(values)
-    return float(1.96 * values.std(ddof=1) / np.sqrt(len(values))) if len(values) > 1 else float("nan")
+    """Half-width of the 95% Student-t interval of the mean (NaN for one value). Until 2026-12-08 it was the
+    normal approximation (1.96 standard errors), 29% too narrow with 5 seeds."""
+    from rlx.report import t_interval
+
+    return t_interval(values)
 
 
 def reference_returns(env, params, settings: dict, seeds: int) -> dict:
