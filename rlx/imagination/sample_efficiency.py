@@ -6,9 +6,10 @@ vmapped in one program per preset, and evaluates the greedy policy (32 episodes 
 ``EVAL_EVERY`` real environment steps, rounded up to whole updates (a preset whose update is longer, as
 ``ppo_acrobot``'s, is evaluated after every update; the table gives each preset's interval). Reports, per
 seed, the real environment steps at which the evaluation return first reaches the target ("first"), the
-first step from which it holds the target for ``HOLD_EVALUATIONS`` evaluations in a row ("held": the same
-number of evaluations for both agents whatever their budgets, spanning ``HOLD_EVALUATIONS`` intervals of
-real steps; the issue's target is judged on it), and the step after which it stays there until the end of
+first step from which it holds the target for ``HOLD_EVALUATIONS`` evaluations in a row ("held": a window
+cut short by the end of the budget counts when every evaluation left in it is on target, so a seed near
+the end of a short budget may hold on fewer evaluations; the issue's target is judged on it), and the
+step after which it stays there until the end of
 the budget ("stays": a longer budget gives more chances to dip, so it favours the shorter run); the
 medians and the ratio dyna_ppo / PPO; and the wall-clock seconds of each run (compile time apart).
 Writes ``experiments/imagination/sample_efficiency.md`` and ``.json``.
