@@ -76,7 +76,7 @@ def answered_queries(labels_path: Path, queries: dict) -> set[int]:
     """Query ids already answered in the label file, checked against the queries they claim to answer."""
     if not labels_path.exists():
         return set()
-    labels = read_labels(labels_path, known_segments=known_segment_ids(queries))
+    labels = read_labels(labels_path, known_segments=known_segment_ids(queries), env=str(queries["env"]))
     ids, pairs = queries["segment_ids"], queries["pairs"]
     for line, query, left, right in zip(labels["line"].tolist(), labels["query"].tolist(), labels["left"].tolist(),
                                         labels["right"].tolist()):
@@ -150,7 +150,7 @@ class LabelServer(ThreadingHTTPServer):
         with self.lock:
             if query in self.answered:
                 raise KeyError(f"query {query} is already answered")
-            append_label(self.labels_path, query, *self.segment_ids(query), answer)
+            append_label(self.labels_path, query, *self.segment_ids(query), answer, str(self.queries["env"]))
             self.answered.add(query)
 
 

@@ -80,7 +80,7 @@ def test_three_answers_by_click_and_keys_reach_the_label_file(browser, serve, tm
     written = [json.loads(line) for line in (tmp_path / "labels.jsonl").read_text().splitlines()]
     ids = queries["segment_ids"]
     expected = [{"query": q, "left": str(ids[queries["pairs"][q, 0]]), "right": str(ids[queries["pairs"][q, 1]]),
-                 "answer": answer} for q, answer in enumerate(["left", "right", "equal"])]
+                 "answer": answer, "env": str(queries["env"])} for q, answer in enumerate(["left", "right", "equal"])]
     assert written == expected
     assert page.errors == []
     page.close()

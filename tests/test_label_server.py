@@ -86,7 +86,7 @@ def test_each_answer_is_one_line_with_the_pairs_ids(run_dir):
             written = lines(run_dir)
             assert len(written) == query + 1  # on disk before the reply
             left, right = server.segment_ids(query)
-            assert written[-1] == {"query": query, "left": left, "right": right, "answer": answer}
+            assert written[-1] == {"query": query, "left": left, "right": right, "answer": answer, "env": "CartPole-v1"}
         assert reply["done"] is True and "query" not in reply
     assert read_labels(run_dir / "labels.jsonl")["mask"].tolist() == [1, 1, 1, 0]
 
@@ -206,3 +206,25 @@ def test_an_answer_after_a_last_line_without_newline_starts_its_own_line(run_dir
     path.write_text('{"query": 0, "left": "a", "right": "b", "answer": "left"}')  # edited by hand
     append_label(path, 1, "c", "d", "right")
     assert [line["query"] for line in lines(run_dir)] == [0, 1]
+
+
+def test_answers_record_their_environment_and_queries_remade_for_another_are_refused(run_dir, tmp_path):
+    """Queries remade with the same seed and shape for another environment have the same ids and pairs: the
+    CartPole answers used to pass for Acrobot ones, at the server's start and in training."""
+    import numpy as np
+
+    from rlx.pbrl.human import given_labels
+    from rlx.pbrl.queries import load_queries
+
+    with serving(run_dir) as server:
+        call(server, "/api/answer", {"query": 0, "answer": "left"})
+    assert lines(run_dir)[0]["env"] == "CartPole-v1"
+    remade = dict(load_queries(run_dir / "queries.npz"))
+    remade["env"] = np.array("Acrobot-v1")
+    save_queries(run_dir / "queries.npz", remade)
+    with pytest.raises(LabelError, match="line 1: answers queries of 'CartPole-v1', but these queries are of 'Acrobot-v1'"):
+        make_server(run_dir)
+    from rlx.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="answers queries of 'CartPole-v1'"):
+        given_labels(run_dir)

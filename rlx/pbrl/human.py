@@ -30,7 +30,7 @@ def given_labels(label_dir, env_name: str | None = None) -> dict:
     queries_path, labels_path = label_dir / "queries.npz", label_dir / "labels.jsonl"
     try:
         queries = load_queries(queries_path)
-        answers = read_labels(labels_path, known_segment_ids(queries))
+        answers = read_labels(labels_path, known_segment_ids(queries), env=str(queries["env"]))
     except (QueryFileError, LabelError) as error:
         raise ConfigError(f"algo.label_dir={label_dir}: {error}") from None
     if env_name is not None and str(queries["env"]) != env_name:

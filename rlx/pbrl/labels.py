@@ -2,12 +2,15 @@
 
 Format (JSONL, UTF-8), one line per answered query::
 
-    {"query": 17, "left": "u3-e2-s4", "right": "u5-e0-s1", "answer": "right"}
+    {"query": 17, "left": "u3-e2-s4", "right": "u5-e0-s1", "answer": "right", "env": "CartPole-v1"}
 
 - ``query``: an integer, unique in the file (a later line with the same query is an error);
 - ``left`` / ``right``: the ids of the two segments shown (strings);
 - ``answer``: ``left`` (the left segment is better), ``right``, ``equal`` (a tie) or ``skip``
-  (cannot tell: kept, but masked out of the reward-model loss).
+  (cannot tell: kept, but masked out of the reward-model loss);
+- ``env`` (optional; ``rlx.label`` writes it): the environment of the queries answered. Queries
+  remade with the same seed and shape for another environment have the same segment ids and pairs,
+  so without it their answers would pass for the new ones'.
 
 ``read_labels`` turns a file into arrays in the convention of ``rlx/agents/pref_ppo.py``: the
 label is the probability that the *second* (right) segment is preferred (left 0, right 1, equal
@@ -33,11 +36,12 @@ class LabelError(InputError):
     """A malformed label file: the message names the file and the line."""
 
 
-def append_label(path, query: int, left: str, right: str, answer: str) -> None:
+def append_label(path, query: int, left: str, right: str, answer: str, env: str | None = None) -> None:
     """Append one answer and make it durable (flush and fsync) before returning."""
     if answer not in ANSWERS:
         raise LabelError(f"answer {answer!r}: valid answers are {', '.join(ANSWERS)}")
-    record = json.dumps({"query": int(query), "left": str(left), "right": str(right), "answer": answer})
+    fields = {"query": int(query), "left": str(left), "right": str(right), "answer": answer}
+    record = json.dumps({**fields, "env": str(env)} if env is not None else fields)
     with open(path, "a+b") as handle:
         if handle.tell() > 0:  # a last line without its newline (an edit by hand) must not swallow this one
             handle.seek(-1, os.SEEK_END)
@@ -48,11 +52,12 @@ def append_label(path, query: int, left: str, right: str, answer: str) -> None:
         os.fsync(handle.fileno())
 
 
-def read_labels(path, known_segments=None) -> dict[str, np.ndarray]:
+def read_labels(path, known_segments=None, env: str | None = None) -> dict[str, np.ndarray]:
     """``{"query", "left", "right", "label", "mask", "line"}`` arrays from a label file (``line``: each answer's line
     in the file); ``LabelError`` at the first bad line.
 
-    ``known_segments`` (a set of ids), when given, rejects answers about segments that do not exist.
+    ``known_segments`` (a set of ids), when given, rejects answers about segments that do not exist; ``env``
+    rejects answers whose line names another environment.
     """
     path = Path(path)
     if not path.is_file():
@@ -88,6 +93,9 @@ def read_labels(path, known_segments=None) -> dict[str, np.ndarray]:
                     raise LabelError(f"{where}: {side} segment id {record[side]!r} is not a string or integer")
                 if known_segments is not None and record[side] not in known_segments:
                     raise LabelError(f"{where}: unknown {side} segment id {record[side]!r}")
+            if env is not None and "env" in record and record["env"] != env:
+                raise LabelError(f"{where}: answers queries of {record['env']!r}, but these queries are of {env!r}; "
+                                 "were the queries remade after labelling?")
             seen[query] = number
             queries.append(query)
             lefts.append(str(record["left"]))
