@@ -28,8 +28,19 @@ def test_quick_cartpole_study_has_every_row_normalised_between_random_and_ppo(mo
     assert 12 < rows["random"]["mean"] < 40  # a uniformly random CartPole policy lasts about 22 steps
     for row in rows.values():
         assert len(row["returns"]) == 2 and np.isclose(row["mean"], np.mean(row["returns"]))
-    table = study.markdown({"CartPole-v1": rows}, 2, 1.0)
-    assert "| query-aligned, 10 labels |" in table and "### CartPole-v1" in table
+    table = study.markdown({"CartPole-v1": rows}, 1.0)
+    assert "| query-aligned, 10 labels |" in table and "### CartPole-v1 (2 seeds)" in table
+
+
+def test_feedback_headings_describe_each_tasks_own_rows():
+    """A ``--tasks`` rerun kept older tasks' rows under a header giving the new run's seed count and date."""
+    row = lambda *returns: {"returns": list(returns), "mean": float(np.mean(returns)), "ci95": 1.0,  # noqa: E731
+                            "normalized": 0.5}
+    results = {"CartPole-v1": {"random": row(20, 22, 24, 26, 28)}, "Acrobot-v1": {"random": row(-500, -490, -480)},
+               study.MEASURED: {"Acrobot-v1": "2026-12-08"}}
+    table = study.markdown(results, 60.0)
+    assert "### CartPole-v1 (5 seeds)" in table and "### Acrobot-v1 (3 seeds, 2026-12-08)" in table
+    assert "_measured" not in table and "The last run took 1 min" in table
 
 
 def test_query_study_compares_aligned_queries_seed_by_seed():

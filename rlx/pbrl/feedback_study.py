@@ -152,12 +152,25 @@ def study_task(task: str, settings: dict, seeds: int, log) -> dict:
     return {label: summarise(returns, low, high) for label, returns in rows.items()}
 
 
-def markdown(results: dict, seeds: int, seconds: float) -> str:
-    lines = [f"Measured {time.strftime('%Y-%m-%d')}: greedy evaluation return ({EVAL_EPISODES} episodes per seed), "
-             f"{seeds} seeds, oracle teacher; normalized = (return - random) / (PPO on the true reward - random). "
-             f"{seconds / 60:.0f} min on this machine.", ""]
+MEASURED = "_measured"  # feedback.json's key for each task's measurement date (not a task)
+
+
+def markdown(results: dict, seconds: float) -> str:
+    """The tables of ``results``; each task's heading gives its seed count (read off its rows) and the date it
+    was measured (``results[MEASURED]``, kept since 2026-12-08), so rows that a ``--tasks`` run keeps from an
+    earlier one are not described by the later run's settings."""
+    measured = results.get(MEASURED, {})
+    lines = [f"Greedy evaluation return ({EVAL_EPISODES} episodes per seed), oracle teacher; normalized = (return - "
+             "random) / (PPO on the true reward - random); mean ± 95% Student-t interval over seeds. Each task's "
+             f"seed count and measurement date (where recorded) in its heading. The last run took {seconds / 60:.0f} "
+             "min on this machine.", ""]
     for task, rows in results.items():
-        lines += [f"### {task}", "", "| agent | return (mean ± 95% CI) | normalized | per seed |", "|---|---:|---:|---|"]
+        if task == MEASURED:
+            continue
+        counts = sorted({len(row["returns"]) for row in rows.values()})
+        heading = f"{'/'.join(map(str, counts))} seeds" + (f", {measured[task]}" if task in measured else "")
+        lines += [f"### {task} ({heading})", "", "| agent | return (mean ± 95% CI) | normalized | per seed |",
+                  "|---|---:|---:|---|"]
         for label, row in rows.items():
             lines.append(f"| {label} | {row['mean']:.1f} ± {row['ci95']:.1f} | {row['normalized']:.2f} | "
                          f"{', '.join(f'{r:.0f}' for r in row['returns'])} |")
@@ -205,7 +218,8 @@ def reproduce(out: Path, quick: bool, skip_training: bool, seeds: int = 5, tasks
             results[task] = rerun_strategies(results[task], task, configs[task], strategies, 2 if quick else seeds, print)
         else:
             results[task] = study_task(task, configs[task], 2 if quick else seeds, print)
+        results[MEASURED] = {**results.get(MEASURED, {}), task: time.strftime("%Y-%m-%d", time.gmtime())}
         saved.write_text(json.dumps(results, indent=1))
-        path.write_text(markdown(results, 2 if quick else seeds, time.time() - started))
+        path.write_text(markdown(results, time.time() - started))
     print(path.read_text())
     return path
