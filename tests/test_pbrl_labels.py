@@ -46,6 +46,16 @@ def test_undecodable_bytes_name_their_line(tmp_path):
         read_labels(path)
 
 
+def test_an_answer_cut_short_by_a_crash_says_how_to_recover(tmp_path):
+    path = tmp_path / "labels.jsonl"
+    path.write_bytes(b'{"query": 0, "left": "a", "right": "b", "answer": "right"}\n{"query": 1, "le')
+    with pytest.raises(LabelError, match=r"line 2: not a JSON object .*cut short by a crash\? The lines before it"):
+        read_labels(path)
+    path.write_bytes(b'{"query": 0, "left": "a", "right": "b", "answer": "right"}\n{oops\n')  # a whole bad line
+    with pytest.raises(LabelError, match=r"line 2: not a JSON object \([^)]*\)$"):
+        read_labels(path)
+
+
 def test_answers_keep_their_file_lines(tmp_path):
     path = tmp_path / "labels.jsonl"
     path.write_text('\n{"query": 0, "left": "a", "right": "b", "answer": "right"}\n\n\n'

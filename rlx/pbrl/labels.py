@@ -75,7 +75,10 @@ def read_labels(path, known_segments=None, env: str | None = None) -> dict[str, 
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as error:
-                raise LabelError(f"{where}: not a JSON object ({error.msg})") from None
+                torn = "" if raw.endswith(b"\n") else (
+                    "; the last line, without its newline: an answer cut short by a crash? The lines before it are "
+                    "whole: move this one out of the file and answer that query again")
+                raise LabelError(f"{where}: not a JSON object ({error.msg}){torn}") from None
             if not isinstance(record, dict):
                 raise LabelError(f"{where}: not a JSON object")
             missing = [field for field in FIELDS if field not in record]
