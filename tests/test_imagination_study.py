@@ -375,3 +375,20 @@ def test_re_rendered_tables_keep_the_date_they_were_measured():
     results = {"settings": {"quick": False, "grad_steps": 10, "real_steps": 20, "seeds": 2, "measured": "2001-02-03"},
                "horizons": [1], "rows": {"CartPole: model": [[0.5]]}, "reward_error": {}}
     assert model_error.markdown(results).startswith("Measured 2001-02-03 on this machine's CPU")
+
+
+@pytest.mark.parametrize("quick, overrides", [(True, ("algo.total_timesteps=4096",)), (False, ())])
+def test_model_error_quick_run_shrinks_the_dyna_ppo_budget_too(monkeypatch, quick, overrides):
+    """``--quick`` trained the dyna_ppo ensemble at its preset's full 20,480 steps."""
+    from rlx.imagination import model_error, sample_efficiency
+
+    asked = []
+
+    def record(preset, given=()):
+        asked.append((preset, tuple(given)))
+        raise RuntimeError("stop before training")
+
+    monkeypatch.setattr(sample_efficiency, "preset_parts", record)
+    with pytest.raises(RuntimeError, match="stop before training"):
+        model_error.dyna_errors(None, 2, quick)
+    assert asked == [("dyna_ppo_cartpole", overrides)]

@@ -109,14 +109,15 @@ def dreamer_errors(config, env, train_params, evaluations: dict, grad_steps: int
     return {label: np.asarray(e, np.float64) for label, e in errors.items()}, np.asarray(reward_error, np.float64)
 
 
-def dyna_errors(data, seeds: int) -> tuple[np.ndarray, np.ndarray]:
-    """Open-loop errors ``[seeds, horizons]`` of the ``dyna_ppo_cartpole`` ensemble, and its last reward_mse."""
+def dyna_errors(data, seeds: int, quick: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Open-loop errors ``[seeds, horizons]`` of the ``dyna_ppo_cartpole`` ensemble, and its last reward_mse
+    (``quick``: 4,096 real steps instead of the preset's 20,480, as the efficiency study's quick runs)."""
     import jax
     import jax.numpy as jnp
 
     from rlx.imagination.sample_efficiency import preset_parts
 
-    module, config, env, params = preset_parts("dyna_ppo_cartpole")
+    module, config, env, params = preset_parts("dyna_ppo_cartpole", ("algo.total_timesteps=4096",) if quick else ())
     agent = module.make(config, env, params)
     max_h = max(HORIZONS)
 
@@ -154,7 +155,7 @@ def measure(quick: bool) -> dict:
     errors, reward = dreamer_errors(config, cartpole, cartpole_params, {"held out": data}, grad_steps, real_steps,
                                     seeds)
     rows["CartPole-v1: dreamer (RSSM)"] = errors["held out"]
-    rows["CartPole-v1: dyna_ppo ensemble (its preset's own experience)"], dyna_reward = dyna_errors(data, seeds)
+    rows["CartPole-v1: dyna_ppo ensemble (its preset's own experience)"], dyna_reward = dyna_errors(data, seeds, quick)
     maze_env, _ = registry.make("maze")
     train_params = generalization.level_params(maze_env, 64)
     test_params = generalization.level_params(maze_env, 0, generalization.TEST_OFFSET)
