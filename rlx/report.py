@@ -69,7 +69,7 @@ def find_runs(paths: list[Path]) -> list[Path]:
     for path in paths:
         if not path.exists():
             raise SystemExit(f"error: {path}: no such directory")
-        candidates = {p.parent for name in ("summary.json", MARKER, "config.yaml") for p in path.rglob(name)}
+        candidates = {p.parent for p in path.rglob("*") if p.name in ("summary.json", MARKER, "config.yaml")}
         runs.update((run.resolve(), None) for run in sorted(candidates) if is_run_dir(run))
     if not runs:
         raise SystemExit(f"error: no run (summary.json, or config.yaml with metrics.jsonl) under "
@@ -233,8 +233,7 @@ def plot_env(rows: list[Row], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for row in rows:
         curves = [curve_of(member) for member in (row.pooled or (row,))]
-        if any(curve is None for curve in curves) or any(len(c[0]) != len(curves[0][0]) or np.any(c[0] != curves[0][0])
-                                                         for c in curves):
+        if any(curve is None for curve in curves) or not all(np.array_equal(c[0], curves[0][0]) for c in curves):
             continue  # pooled jobs whose evaluations do not line up (one unfinished, say): no curve
         steps, values = curves[0][0], np.concatenate([c[1] for c in curves], 1)
         line = ax.plot(steps, np.nanmean(values, 1), label=row.label)

@@ -247,13 +247,13 @@ def set_aside_unkept(saved: Path, settings: dict, level_counts: tuple[int, ...],
     """Before a run of ``level_counts`` replaces ``saved``: when its rows of other N will not be kept (other
     settings), copy it to ``<name>.<date-time>.json`` and say which N and which settings differ, instead of
     dropping those rows without a word."""
-    if not saved.exists() or kept_results(saved, settings):
+    if not saved.exists():
         return
     previous = json.loads(saved.read_text())
-    dropped = sorted(set(previous.get("results", {})) - {str(n) for n in level_counts}, key=int)
-    if not dropped:
-        return
     old, new = comparable(previous.get("settings", {})), comparable(settings)
+    dropped = sorted(set(previous.get("results", {})) - {str(n) for n in level_counts}, key=int)
+    if old == new or not dropped:
+        return
     differ = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
     kept = saved.with_name(f"{saved.stem}.{time.strftime('%Y%m%d-%H%M%S')}.json")
     shutil.copy2(saved, kept)

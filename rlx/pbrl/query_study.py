@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from rlx.pbrl import feedback_study
+from rlx.report import t_interval
 from rlx.reproduce import check_tasks
 
 EXPERIMENT_DIR = feedback_study.EXPERIMENT_DIR
@@ -54,7 +55,7 @@ def comparisons(rows: dict) -> list[dict]:
                 continue
             other = np.asarray(rows[f"{strategy}, {budget} labels"])
             difference = aligned - other
-            half = feedback_study.interval(difference)
+            half = t_interval(difference)
             found.append({"budget": budget, "against": strategy, "difference": float(difference.mean()),
                           "ci95": half, "mean_holds": bool(aligned.mean() >= other.mean()),
                           "not_worse": bool(difference.mean() + half >= 0)})
@@ -81,7 +82,7 @@ def markdown(saved: dict) -> str:
                   "| agent | return (mean ± 95% CI) | normalized | per seed: min, median, max |", "|---|---:|---:|---|"]
         for label, returns in rows.items():
             returns = np.asarray(returns)
-            lines.append(f"| {label} | {returns.mean():.1f} ± {feedback_study.interval(returns):.1f} | "
+            lines.append(f"| {label} | {returns.mean():.1f} ± {t_interval(returns):.1f} | "
                          f"{(returns.mean() - low) / (high - low):.2f} | {returns.min():.0f}, "
                          f"{np.median(returns):.0f}, {returns.max():.0f} |")
         lines += ["", "| budget | query-aligned minus | difference | on the means | not significantly worse |",

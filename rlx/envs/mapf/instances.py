@@ -214,14 +214,10 @@ def merge_pools(pools: list[MapfParams], num_agents: int | None = None) -> MapfP
     """
     slots = num_agents or max(p.agent_mask.shape[1] for p in pools)
     first = pools[0]
-    for field in ("max_steps_in_episode", "random_goals"):
-        values = sorted({getattr(p, field) for p in pools})
-        if len(values) > 1:
-            raise ConfigError(f"merge_pools: the pools differ in {field} ({', '.join(map(str, values))}); "
-                              f"one pool has one")
-    for field, shape in (("map shape", lambda p: p.blocked.shape[1:]), ("goal-sequence length",
-                                                                        lambda p: p.goals.shape[2])):
-        values = sorted({shape(p) for p in pools}, key=str)
+    shared = {"max_steps_in_episode": lambda p: p.max_steps_in_episode, "random_goals": lambda p: p.random_goals,
+              "map shape": lambda p: p.blocked.shape[1:], "goal-sequence length": lambda p: p.goals.shape[2]}
+    for field, of in shared.items():
+        values = sorted({of(p) for p in pools})
         if len(values) > 1:
             raise ConfigError(f"merge_pools: the pools differ in {field} ({', '.join(map(str, values))}); "
                               f"one pool has one")

@@ -28,17 +28,18 @@ TARGET = 0.95
 PLOT_INVENTORIES = np.arange(-3, 4)
 
 
-def check_finished(run_dir: Path) -> None:
-    """A one-line error, before any scoring, unless ``run_dir`` holds a run that trained to its end (an
-    interrupted one has no ``summary.json``; a diverged one says so in it)."""
+def check_finished(run_dir: Path) -> dict:
+    """The summary of the run in ``run_dir``; a one-line error, before any scoring, unless that run trained to
+    its end (an interrupted one has no ``summary.json``; a diverged one says so in it)."""
     summary_path = run_dir / "summary.json"
     if not summary_path.is_file():
         raise ConfigError(f"run_dir={run_dir}: no finished run there (no summary.json); train it without "
                           "--skip-training")
-    status = json.loads(summary_path.read_text()).get("status")
-    if status not in ("completed", "reached_stop_at_return"):
-        raise ConfigError(f"run_dir={run_dir}: its run did not finish (status {status}); train it without "
-                          "--skip-training")
+    summary = json.loads(summary_path.read_text())
+    if summary.get("status") not in ("completed", "reached_stop_at_return"):
+        raise ConfigError(f"run_dir={run_dir}: its run did not finish (status {summary.get('status')}); train it "
+                          "without --skip-training")
+    return summary
 
 
 def reproduce(out: Path, quick: bool, skip_training: bool) -> Path:
@@ -49,7 +50,7 @@ def reproduce(out: Path, quick: bool, skip_training: bool) -> Path:
     run_dir = out / "runs" / f"{PRESET}{suffix}"
     if not skip_training:
         train_preset(PRESET, run_dir, 2 if quick else 4, ("algo.total_timesteps=65536",) if quick else ())
-    check_finished(run_dir)
+    trained = check_finished(run_dir)
     run = load_trained(run_dir)
     env, params = run.parts.env, run.parts.env_params
     paths = 1024 if quick else 20_000
@@ -86,7 +87,7 @@ def reproduce(out: Path, quick: bool, skip_training: bool) -> Path:
         "ppo_ratio_ci95_per_seed": [r[1] for r in ratios],
         "ppo_ratio_mean": float(np.mean([r[0] for r in ratios])),
         "paths": paths,
-        "env_steps_per_seed": json.loads((run_dir / "summary.json").read_text())["env_steps_per_seed"],
+        "env_steps_per_seed": trained["env_steps_per_seed"],
         "seconds": time.time() - started,
     }
     plot_depths(out / f"depths{suffix}.png", run, learned, params)
