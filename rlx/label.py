@@ -96,13 +96,17 @@ class LabelServer(ThreadingHTTPServer):
 
     def __init__(self, run_dir, port: int = 0):
         self.run_dir = Path(run_dir)
-        self.queries = load_queries(self.run_dir / QUERIES_FILE)
-        self.labels_path = self.run_dir / LABELS_FILE
-        self.answered = answered_queries(self.labels_path, self.queries)
-        self.lock = threading.Lock()  # one check-and-append at a time: a query is answered once
-        self.run_lock = hold_run_dir(self.run_dir)  # and one server per run directory
-        self.page = resources.files("rlx.pbrl").joinpath("static/label.html").read_bytes()
-        super().__init__((HOST, port), LabelHandler)
+        self.run_lock = hold_run_dir(self.run_dir)  # one server per run directory, before it reads the labels
+        try:
+            self.queries = load_queries(self.run_dir / QUERIES_FILE)
+            self.labels_path = self.run_dir / LABELS_FILE
+            self.answered = answered_queries(self.labels_path, self.queries)
+            self.lock = threading.Lock()  # one check-and-append at a time: a query is answered once
+            self.page = resources.files("rlx.pbrl").joinpath("static/label.html").read_bytes()
+            super().__init__((HOST, port), LabelHandler)
+        except BaseException:  # a server that fails to start (bad labels, a busy port) leaves the directory free
+            self.run_lock.close()
+            raise
 
     @property
     def url(self) -> str:

@@ -228,3 +228,12 @@ def test_answers_record_their_environment_and_queries_remade_for_another_are_ref
 
     with pytest.raises(ConfigError, match="answers queries of 'CartPole-v1'"):
         given_labels(run_dir)
+
+
+def test_a_server_that_fails_to_start_leaves_the_directory_free(run_dir):
+    (run_dir / "labels.jsonl").write_text('{"query": 0, "left": "e1-t0", "right": "e1-t0", "answer": "left"}\n')
+    with pytest.raises(LabelError) as refused:  # the traceback kept here keeps the failed server alive
+        make_server(run_dir)
+    (run_dir / "labels.jsonl").unlink()
+    with serving(run_dir):
+        assert refused.value is not None
